@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny random decoder-only LMs of several architectures, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
+
+
+def tiny_config(arch: str, vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 2, seed: int = 0):
+    """A random tiny config of ``arch``; sizes vary a little with ``seed`` so tests see several shapes."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "gpt2":
+        return tf.GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=4, n_positions=256, **common)
+    heads = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if arch == "llama":
+        return tf.LlamaConfig(**heads, **common, rope_theta=10000.0 + 1000 * seed)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**heads, **common)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**heads, head_dim=hidden_size // 4, **common)
+    if arch == "mistral":
+        return tf.MistralConfig(**heads, sliding_window=None, **common)
+    if arch == "gemma2":
+        return tf.Gemma2Config(**heads, head_dim=hidden_size // 4, sliding_window=256, **common)
+    if arch == "phi3":
+        return tf.Phi3Config(**heads, **common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str, seed: int = 0, dtype=torch.float32, attn: str = "eager", **kw):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch, seed=seed, **kw)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=dtype)
+    model.config._name_or_path = f"tiny-random-{arch}"
+    return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request) -> str:
+    return request.param
