@@ -44,10 +44,16 @@ class HeadConfig:
 
     def __post_init__(self) -> None:
         if self.hidden_size < 0 or self.vocab_size < 0:
-            raise ValueError(f"hidden_size and vocab_size must be >= 0, got {self.hidden_size}, {self.vocab_size}")
+            raise ValueError(
+                f"hidden_size and vocab_size must be >= 0, got {self.hidden_size}, {self.vocab_size}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"head_type": self.head_type, **dataclasses.asdict(self), "selfspec_version": library_version()}
+        return {
+            "head_type": self.head_type,
+            **dataclasses.asdict(self),
+            "selfspec_version": library_version(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HeadConfig:
@@ -99,7 +105,9 @@ def save_heads(heads: nn.Module, output_dir: str, extra_files: dict[str, str] | 
 
     os.makedirs(output_dir, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    _atomic_write(os.path.join(output_dir, WEIGHTS_NAME), lambda p: save_file(state, p, metadata={"format": "pt"}))
+    _atomic_write(
+        os.path.join(output_dir, WEIGHTS_NAME), lambda p: save_file(state, p, metadata={"format": "pt"})
+    )
     cfg = json.dumps(heads.config.to_dict(), indent=2, sort_keys=True) + "\n"
     _atomic_write(os.path.join(output_dir, CONFIG_NAME), lambda p: open(p, "w").write(cfg))
     for name, text in (extra_files or {}).items():
@@ -118,7 +126,9 @@ def resolve_dir(path_or_id: str, revision: str | None = None) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(path_or_id, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"])
+        return snapshot_download(
+            path_or_id, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"]
+        )
     except Exception as e:  # the hub raises many types; the user needs the id and the reason
         raise OSError(f"could not fetch heads {path_or_id!r} from the Hugging Face Hub: {e}") from e
 
@@ -165,7 +175,9 @@ def load_heads(
         raise ValueError(f"{wpath} could not be read (corrupt or truncated checkpoint?): {e}") from e
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{wpath} does not match {head_type} heads with this config: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"{wpath} does not match {head_type} heads with this config: missing {missing}, unexpected {unexpected}"
+        )
     if target is not None and device is None:
         device = next(target.parameters()).device
     return heads.to(device=device, dtype=dtype).eval()

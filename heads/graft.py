@@ -47,8 +47,14 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype:
     """Map a config string ("auto", "bf16", "bfloat16", "float32", ...) to what transformers takes."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype or "auto"
-    aliases = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-               "fp32": torch.float32, "float32": torch.float32}
+    aliases = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
     if dtype not in aliases:
         raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(aliases)}")
     return aliases[dtype]
@@ -86,7 +92,11 @@ def load_target(
     try:
         model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(name_or_path), **kwargs)
     except OSError as e:
-        offline = " (HF_HUB_OFFLINE is set, so only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+        offline = (
+            " (HF_HUB_OFFLINE is set, so only the local cache is searched)"
+            if os.environ.get("HF_HUB_OFFLINE") == "1"
+            else ""
+        )
         raise OSError(f"could not load target model {name_or_path!r}{offline}: {e}") from e
     if device is not None:
         model.to(device)
@@ -118,6 +128,8 @@ def run_target(
     ``aux_layers`` are indices into ``hidden_states`` (the input of that decoder layer).
     Extra keyword arguments (``position_ids``, ``cache``, ``use_cache``...) go to the model.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **forward_kwargs)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **forward_kwargs
+    )
     hs = out.hidden_states
     return TargetOutput(logits=out.logits, hidden=hs[-1], aux=tuple(hs[i] for i in aux_layers))

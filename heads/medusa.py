@@ -33,7 +33,9 @@ class MedusaConfig(HeadConfig):
         if self.num_layers < 0:
             raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
         if self.lm_head not in ("target", "own"):
-            raise ValueError(f"lm_head must be 'target' (reuse the frozen target lm_head) or 'own', got {self.lm_head!r}")
+            raise ValueError(
+                f"lm_head must be 'target' (reuse the frozen target lm_head) or 'own', got {self.lm_head!r}"
+            )
 
 
 class ResBlock(nn.Module):
@@ -54,7 +56,9 @@ class MedusaHeads(nn.Module):
     def __init__(self, config: MedusaConfig) -> None:
         super().__init__()
         if config.hidden_size <= 0 or config.vocab_size <= 0:
-            raise ValueError("MedusaConfig needs the target's hidden_size and vocab_size (use MedusaHeads.for_target)")
+            raise ValueError(
+                "MedusaConfig needs the target's hidden_size and vocab_size (use MedusaHeads.for_target)"
+            )
         self.config = config
         H, V = config.hidden_size, config.vocab_size
         # One ModuleList per head: Medusa's `[ResBlock(h)] * L` shared a single module across layers.
@@ -62,7 +66,9 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*(ResBlock(H) for _ in range(config.num_layers))) for _ in range(config.num_heads)
         )
         self.lm_heads = (
-            nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads)) if config.lm_head == "own" else None
+            nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads))
+            if config.lm_head == "own"
+            else None
         )
 
     @classmethod
@@ -72,7 +78,9 @@ class MedusaHeads(nn.Module):
 
         vocab, hidden = target_dims(target)
         name = getattr(target.config, "_name_or_path", None) or None
-        heads = cls(MedusaConfig(hidden_size=hidden, vocab_size=vocab, base_model_name_or_path=name, **kwargs))
+        heads = cls(
+            MedusaConfig(hidden_size=hidden, vocab_size=vocab, base_model_name_or_path=name, **kwargs)
+        )
         p = target.get_output_embeddings().weight
         if heads.lm_heads is not None:
             with torch.no_grad():
@@ -90,7 +98,9 @@ class MedusaHeads(nn.Module):
         if self.lm_heads is not None:
             return torch.stack([head(f) for head, f in zip(self.lm_heads, feats, strict=True)])
         if lm_head is None:
-            raise ValueError("these Medusa heads reuse the target's lm_head; pass lm_head=target.get_output_embeddings()")
+            raise ValueError(
+                "these Medusa heads reuse the target's lm_head; pass lm_head=target.get_output_embeddings()"
+            )
         return lm_head(feats.to(lm_head.weight.dtype))
 
 

@@ -1,0 +1,143 @@
+"""Inference: draft a tree with the heads, verify it in one target forward, keep the longest valid prefix.
+
+import infer
+model = infer.load("path/or/hub-id/of/target", heads="path/or/hub-id/of/heads")
+out = infer.generate(model, input_ids, max_new_tokens=256)
+out.sequences, out.stats.mean_accepted_length
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from infer.draft import MedusaProposer, Proposer
+from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.tree import build_tree, chain, default_tree
+
+__all__ = [
+    "GenerateOutput",
+    "GenerationStats",
+    "SpecModel",
+    "build_tree",
+    "chain",
+    "default_tree",
+    "generate",
+    "load",
+]
+
+
+@dataclass
+class SpecModel:
+    """A frozen target plus draft heads that fit it. ``tree`` overrides the heads' default static tree."""
+
+    target: nn.Module
+    heads: nn.Module
+    tree: list[list[int]] | None = None
+    tokenizer: object | None = None
+
+    def __post_init__(self) -> None:
+        self.heads.config.check_target(self.target)
+
+    def proposer(self, tree: list[list[int]] | None = None) -> Proposer:
+        kind = self.heads.config.head_type
+        if kind == "medusa":
+            paths = (
+                tree
+                or self.tree
+                or getattr(self.heads, "tree", None)
+                or default_tree(self.heads.config.num_heads)
+            )
+            return MedusaProposer(self.heads, self.target.get_output_embeddings(), paths)
+        raise ValueError(f"no proposer for head type {kind!r}")
+
+
+def load(
+    target: str | nn.Module,
+    heads: str | nn.Module,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | torch.device | None = None,
+    attn_implementation: str | None = None,
+    revision: str | None = None,
+    heads_revision: str | None = None,
+    tree: list[list[int]] | None = None,
+) -> SpecModel:
+    """Load a frozen target (Hub id, local dir or model) and heads (Hub id, local dir or module).
+
+    Heads trained for a target of another vocab or hidden size are rejected with a ``ValueError``.
+    """
+    from heads import load_heads, load_target
+
+    if isinstance(target, str):
+        tokenizer = _maybe_tokenizer(target, revision)
+        target = load_target(
+            target, revision=revision, dtype=dtype, device=device, attn_implementation=attn_implementation
+        )
+    else:
+        tokenizer = None
+    if isinstance(heads, str):
+        heads = load_heads(heads, target, revision=heads_revision)
+    p = next(target.parameters())
+    heads = heads.to(device=p.device, dtype=p.dtype).eval()
+    return SpecModel(target, heads, tree=tree, tokenizer=tokenizer)
+
+
+def _maybe_tokenizer(name_or_path: str, revision: str | None):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    except Exception:  # a target without tokenizer files is still usable with token ids
+        return None
+
+
+def generate(
+    model: SpecModel,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | list[int] | None = None,
+    streamer=None,
+    generation_config=None,
+    acceptance: Literal["exact", "typical"] = "exact",
+    typical_eps: float = 0.09,
+    typical_delta: float = 0.3,
+    tree: list[list[int]] | None = None,
+    generator: torch.Generator | None = None,
+    attention_mask: Tensor | None = None,
+) -> GenerateOutput:
+    """Generate with speculative decoding; arguments follow transformers' ``generate``.
+
+    input_ids: [1, T] (batch size 1). Defaults come from the target's ``generation_config``, then
+    ``generation_config``, then the keyword arguments. ``do_sample=False``: greedy, token-identical to
+    ``target.generate``. ``do_sample=True``: ``acceptance="exact"`` (default) samples exactly from the
+    target's temperature/top-k/top-p distribution; ``"typical"`` uses Medusa's typical acceptance
+    (``p(x) > min(eps, delta·exp(-H(p)))``), faster but not lossless. ``streamer`` gets ``put``/``end``
+    calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new] and ``stats``.
+    """
+    return speculative_generate(
+        model.target,
+        model.proposer(tree),
+        input_ids,
+        generation_config=generation_config,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        streamer=streamer,
+        acceptance=acceptance,
+        typical_eps=typical_eps,
+        typical_delta=typical_delta,
+        generator=generator,
+        attention_mask_2d=attention_mask,
+    )

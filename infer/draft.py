@@ -1,0 +1,81 @@
+"""Proposers: how each head type drafts a tree for the next verification step.
+
+A proposer follows the target through generation. `generate` calls it with the target's outputs so the
+heads always see the hidden states of exactly the tokens that were accepted:
+
+    start(prompt_ids, out)      after the prefill forward (out.hidden: [1, T, H])
+    propose(root, max_depth)    -> DraftTree rooted at the token the target just chose
+    advance(tokens, hidden, aux) after verification, with the n accepted nodes (root first)
+
+This is the same role as transformers' ``CandidateGenerator``, with a tree instead of a chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from heads.graft import TargetOutput
+from infer.tree import DraftTree, tree_buffers
+
+
+class Proposer:
+    """Base class; ``aux_layers`` lists the ``hidden_states`` indices the heads need besides the last."""
+
+    aux_layers: tuple[int, ...] = ()
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
+        raise NotImplementedError
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        raise NotImplementedError
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
+        raise NotImplementedError
+
+
+def root_only(root: Tensor) -> DraftTree:
+    """A tree with no drafts: verification degenerates into one plain decoding step."""
+    z = torch.zeros(1, dtype=torch.long, device=root.device)
+    return DraftTree(
+        root.view(1),
+        z - 1,
+        z,
+        torch.ones(1, 1, dtype=torch.bool, device=root.device),
+        z.view(1, 1),
+        torch.zeros(1, 1, dtype=torch.bool, device=root.device),
+    )
+
+
+class MedusaProposer(Proposer):
+    """Static-tree drafting with Medusa heads: node at depth d, rank k = head (d-1)'s k-th best token."""
+
+    def __init__(self, heads: nn.Module, lm_head: nn.Module, tree: Sequence[Sequence[int]]) -> None:
+        self.heads, self.lm_head = heads, lm_head
+        self.tree = [list(p) for p in tree]
+        depth = max((len(p) for p in self.tree), default=0)
+        if depth > heads.config.num_heads:
+            raise ValueError(
+                f"tree depth {depth} needs {depth} Medusa heads, these heads have {heads.config.num_heads}"
+            )
+        self.hidden: Tensor | None = None  # [H], last accepted position's post-norm state
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
+        self.hidden = out.hidden[0, -1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        tb = tree_buffers(self.tree, root.device, max_depth=max_depth)
+        if not tb.paths:
+            return root_only(root)
+        feats = torch.stack([blk(self.hidden) for blk in self.heads.blocks[: tb.max_depth]])  # [D, H]
+        if self.heads.lm_heads is not None:
+            logits = torch.stack([h(f) for h, f in zip(self.heads.lm_heads, feats, strict=False)])
+        else:
+            logits = self.lm_head(feats.to(self.lm_head.weight.dtype))  # [D, V]
+        topk = logits.topk(tb.topk, dim=-1).indices  # [D, K]
+        return tb.draft(root, topk)
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
+        self.hidden = hidden[-1]

@@ -1,0 +1,272 @@
+"""`generate`: self-speculative decoding with tree verification through the stock target model.
+
+One step (batch size 1):
+
+    tree   = proposer.propose(root)                 # root = token the target chose last step
+    logits = target(tree.tokens, 4D tree mask, position_ids = past + depth, cache)   # one forward
+    path, n, bonus = accept(logits, tree)          # greedy | exact rejection sampling | typical
+    emit tree.tokens[path[1:n]] + [bonus]; keep path's KV, drop the rest; root = bonus
+
+Greedy output is token-identical to ``target.generate(do_sample=False)``; sampled output (``acceptance=
+"exact"``) follows the target's warped distribution exactly. The only host sync per step is reading
+the accepted tokens back (needed to stop at EOS / ``max_new_tokens`` and to size the cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from heads.graft import run_target
+from infer.cache import compact, new_cache
+from infer.draft import Proposer
+from infer.tree import attention_mask
+from infer.verify import accept_exact, accept_greedy, accept_typical, sample_from
+
+# GenerationConfig fields whose logits processors this loop does not apply. Refusing them keeps the
+# promise that output matches `target.generate` with the same settings.
+_UNSUPPORTED = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "min_p": None,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "sequence_bias": None,
+    "guidance_scale": None,
+}
+
+
+@dataclass
+class GenerationStats:
+    """accepted_lengths: tokens each verify step produced (accepted drafts + the bonus token), before
+    truncation at EOS/max_new_tokens. ``mean_accepted_length`` (τ) counts the bonus token, as the
+    Medusa and EAGLE papers do. ``num_target_forwards`` counts the prefill too."""
+
+    accepted_lengths: list[int] = field(default_factory=list)
+    num_target_forwards: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / max(self.num_target_forwards, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        t = self.prefill_s + self.decode_s
+        return self.new_tokens / t if t > 0 else 0.0
+
+
+@dataclass
+class GenerateOutput:
+    sequences: Tensor  # [1, T + new_tokens], prompt included, as transformers' generate returns
+    stats: GenerationStats
+
+
+def _resolve(target, generation_config, overrides: dict):
+    from transformers import GenerationConfig
+
+    gc = copy.deepcopy(
+        generation_config if generation_config is not None else target.generation_config or GenerationConfig()
+    )
+    for k, v in overrides.items():
+        if v is not None:
+            setattr(gc, k, v)
+    defaults = GenerationConfig()
+    for name, default in _UNSUPPORTED.items():
+        value = getattr(gc, name, default)
+        if value is not None and value != default and value != getattr(defaults, name, default):
+            raise NotImplementedError(
+                f"generation option {name}={value!r} is not supported by selfspec.generate"
+            )
+    return gc
+
+
+def _warpers(gc):
+    """The sampling warpers transformers applies, in its order: temperature, top-k, top-p."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    procs = LogitsProcessorList()
+    if gc.temperature is not None and gc.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(gc.temperature))
+    if gc.top_k is not None and gc.top_k != 0:
+        procs.append(TopKLogitsWarper(top_k=gc.top_k, min_tokens_to_keep=1))
+    if gc.top_p is not None and gc.top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p=gc.top_p, min_tokens_to_keep=1))
+    return procs
+
+
+def context_length(config) -> int | None:
+    cfg = config.get_text_config()
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
+def _eos_ids(eos) -> set[int]:
+    if eos is None:
+        return set()
+    if isinstance(eos, Tensor):
+        eos = eos.tolist()
+    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target,
+    proposer: Proposer,
+    input_ids: Tensor,
+    *,
+    generation_config=None,
+    max_new_tokens: int | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | list[int] | None = None,
+    streamer=None,
+    acceptance: Literal["exact", "typical"] = "exact",
+    typical_eps: float = 0.09,
+    typical_delta: float = 0.3,
+    generator: torch.Generator | None = None,
+    attention_mask_2d: Tensor | None = None,
+) -> GenerateOutput:
+    """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments."""
+    if acceptance not in ("exact", "typical"):
+        raise ValueError(
+            f"acceptance must be 'exact' (lossless) or 'typical' (Medusa, faster, lossy), got {acceptance!r}"
+        )
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"selfspec.generate supports batch size 1 only (got {input_ids.shape[0]}): per-row tree acceptance "
+            "and ragged KV compaction are not implemented; loop over prompts instead"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("empty prompt: input_ids needs at least one token")
+    if attention_mask_2d is not None and not bool(attention_mask_2d.all()):
+        raise NotImplementedError("padded prompts are not supported (batch size 1 needs no padding)")
+
+    gc = _resolve(
+        target,
+        generation_config,
+        {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": do_sample,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "eos_token_id": eos_token_id,
+        },
+    )
+    T = input_ids.shape[1]
+    limit = gc.max_new_tokens if gc.max_new_tokens is not None else max((gc.max_length or 20) - T, 0)
+    ctx = context_length(target.config)
+    if ctx is not None and T + limit > ctx:
+        raise ValueError(
+            f"prompt ({T} tokens) + max_new_tokens ({limit}) = {T + limit} exceeds the target's context length {ctx}"
+        )
+    device = next(target.parameters()).device
+    input_ids = input_ids.to(device)
+    eos = _eos_ids(gc.eos_token_id)
+    sampling = bool(gc.do_sample)
+    warp = _warpers(gc) if sampling else None
+    text_cfg = target.config.get_text_config()
+    stats = GenerationStats()
+    new: list[int] = []
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    if limit == 0:
+        if streamer is not None:
+            streamer.end()
+        return GenerateOutput(input_ids.clone(), stats)
+
+    def probs_of(logits: Tensor) -> Tensor:  # [n, V] float32 warped probabilities
+        return torch.softmax(warp(None, logits.float()), dim=-1)
+
+    def emit(tokens: list[int]) -> bool:
+        """Append up to the limit, stopping after the first EOS; True when generation is over."""
+        done = False
+        for i, tok in enumerate(tokens):
+            if tok in eos or len(new) + i + 1 >= limit:
+                tokens, done = tokens[: i + 1], True
+                break
+        new.extend(tokens)
+        if streamer is not None and tokens:
+            streamer.put(torch.tensor(tokens))
+        return done
+
+    # prefill
+    t0 = time.perf_counter()
+    cache = new_cache()
+    out = run_target(target, input_ids, aux_layers=proposer.aux_layers, cache=cache, use_cache=True)
+    last = out.logits[0, -1:].float()
+    root = (sample_from(probs_of(last), generator) if sampling else last.argmax(-1))[0]
+    proposer.start(input_ids, out)
+    stats.num_target_forwards = 1
+    done = emit([int(root)])
+    past = T
+    t1 = time.perf_counter()
+    stats.prefill_s = t1 - t0
+
+    while not done:
+        tree = proposer.propose(root, max_depth=limit - len(new) - 1)
+        mask = attention_mask(tree.ancestors, tree.depth, past, target.dtype, text_cfg)
+        out = run_target(
+            target,
+            tree.tokens[None],
+            mask,
+            aux_layers=proposer.aux_layers,
+            position_ids=(past + tree.depth)[None],
+            cache=cache,
+            use_cache=True,
+        )
+        logits = out.logits[0]  # [N+1, V]
+        if not sampling:
+            acc = accept_greedy(logits, tree)
+        elif acceptance == "exact":
+            acc = accept_exact(probs_of(logits), tree, generator)
+        else:
+            acc = accept_typical(probs_of(logits), tree, typical_eps, typical_delta, generator)
+        # the one host sync of the step
+        host = torch.cat(
+            [acc.length.view(1), acc.next_token.view(1), tree.tokens[acc.path.clamp(min=0)]]
+        ).tolist()
+        n, bonus, path_tokens = host[0], host[1], host[2 : 2 + host[0]]
+        keep = acc.path[:n]
+        compact(cache, past, keep)
+        past += n
+        proposer.advance(tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
+        stats.num_target_forwards += 1
+        stats.accepted_lengths.append(n)
+        done = emit(path_tokens[1:] + [bonus])
+        root = acc.next_token
+
+    stats.decode_s = time.perf_counter() - t1
+    stats.new_tokens = len(new)
+    if streamer is not None:
+        streamer.end()
+    seq = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=device)], 1)
+    return GenerateOutput(seq, stats)

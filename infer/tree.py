@@ -1,0 +1,260 @@
+"""Draft trees: the shapes speculative decoding verifies in one target forward.
+
+A tree has N+1 nodes. Node 0 is the *root*: the token already chosen by the target at the end of the
+previous step (the "bonus" token), whose KV is not yet in the cache. Every other node is a draft token.
+Nodes are stored parents-before-children, so ``parents[i] < i``.
+
+A *static* tree (Medusa, Cai et al. 2024) is a list of paths of top-k ranks: ``(0,)`` is head 0's best
+token, ``(0, 1)`` is head 1's second-best token placed under it, and so on. Depth d uses Medusa head
+d-1. `TreeBuffers` turns such a list into tensors once; they are cached per tree and per depth limit.
+
+All tensors here are small (N ~ 8-64) and live on the model's device.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """One step's tree of candidate tokens, ready for verification.
+
+    tokens:     [N+1] long, token of each node (node 0 = root).
+    parents:    [N+1] long, parent node index (-1 for the root); parents[i] < i.
+    depth:      [N+1] long, depth of each node (root = 0); position id = past_len + depth.
+    ancestors:  [N+1, N+1] bool, ancestors[i, j] = node j is node i or one of its ancestors
+                (the tree part of the attention mask).
+    retrieve:   [P, D+1] long, root-to-leaf node paths, right-padded with -1.
+    sib_before: [N+1, N+1] bool, sib_before[i, j] = j is an earlier sibling of i (same parent, j < i);
+                the order in which exact rejection sampling tries siblings.
+    """
+
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    ancestors: Tensor
+    retrieve: Tensor
+    sib_before: Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[0]
+
+
+def structure_from_parents(parents: Tensor, depth: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(ancestors [N+1,N+1], retrieve [P,D+1], sib_before [N+1,N+1]) from parent pointers, as torch ops.
+
+    Ancestors are found by D rounds of pointer doubling-free walking (one gather per depth level), so
+    the cost is O(D·N²) tiny tensor ops and no Python loop over nodes. Used for static trees once, and
+    for EAGLE-2 dynamic trees every step.
+    """
+    n = parents.shape[0]
+    device = parents.device
+    idx = torch.arange(n, device=device)
+    max_depth = int(depth.max()) if n > 1 else 0
+    # anc_chain[k] = k-th ancestor of every node (or -1 above the root)
+    chain = [idx]
+    p = parents
+    for _ in range(max_depth):
+        chain.append(p)
+        p = torch.where(p >= 0, parents[p.clamp(min=0)], p)
+    chain_t = torch.stack(chain, 1)  # [N+1, D+1], node, parent, grandparent, ...
+    ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
+    valid = chain_t >= 0
+    ancestors[idx[:, None].expand_as(chain_t)[valid], chain_t[valid]] = True
+    # leaves: nodes that are nobody's parent; their path is the ancestor chain reversed (root first)
+    is_parent = torch.zeros(n, dtype=torch.bool, device=device)
+    is_parent[parents[parents >= 0]] = True
+    leaves = idx[~is_parent]
+    leaf_chain = chain_t[leaves]  # [P, D+1] leaf, parent, ..., root, -1, -1
+    leaf_depth = depth[leaves]
+    # reverse the valid prefix of each row: position k of the path holds the ancestor at depth k
+    k = torch.arange(max_depth + 1, device=device)
+    src = leaf_depth[:, None] - k[None, :]
+    retrieve = torch.where(src >= 0, leaf_chain.gather(1, src.clamp(min=0)), torch.full_like(src, -1))
+    same_parent = parents[:, None] == parents[None, :]
+    sib_before = same_parent & (idx[None, :] < idx[:, None])
+    return ancestors, retrieve, sib_before
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """A static tree's tensors, built once from its list of rank paths.
+
+    paths:        the rank paths, sorted by (depth, ranks) so parents precede children.
+    parents, depth, ancestors, retrieve, sib_before: as in `DraftTree` (root included).
+    cand_index:   [N] long, index of each non-root node's token in the flattened heads' top-k
+                  ``topk_tokens.view(-1)`` of shape [D*K]: (depth-1)*K + rank.
+    topk:         K, the number of top-k candidates needed from each head.
+    """
+
+    paths: tuple[Path, ...]
+    parents: Tensor
+    depth: Tensor
+    ancestors: Tensor
+    retrieve: Tensor
+    sib_before: Tensor
+    cand_index: Tensor
+    topk: int
+
+    @property
+    def max_depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    def draft(self, root: Tensor, topk_tokens: Tensor) -> DraftTree:
+        """root: [] long; topk_tokens: [D', K'] (D' >= max_depth, K' >= topk) -> the step's `DraftTree`."""
+        cands = topk_tokens[: self.max_depth, : self.topk].reshape(-1)[self.cand_index]
+        tokens = torch.cat([root.view(1), cands])
+        return DraftTree(tokens, self.parents, self.depth, self.ancestors, self.retrieve, self.sib_before)
+
+
+def validate_paths(paths: Sequence[Sequence[int]]) -> tuple[Path, ...]:
+    """Check a static tree: no duplicates, non-negative ranks, every path's prefix present."""
+    out = tuple(sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p)))
+    if len(out) != len(paths):
+        raise ValueError("tree has duplicate paths")
+    have = set(out)
+    for p in out:
+        if not p:
+            raise ValueError("tree paths must be non-empty (the root is implicit)")
+        if min(p) < 0:
+            raise ValueError(f"tree path {list(p)} has a negative rank")
+        if len(p) > 1 and p[:-1] not in have:
+            raise ValueError(f"tree path {list(p)} has no parent {list(p[:-1])} in the tree")
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _buffers(paths: tuple[Path, ...], device_str: str) -> TreeBuffers:
+    device = torch.device(device_str)
+    index = {p: i + 1 for i, p in enumerate(paths)}
+    parents = torch.tensor([-1] + [index.get(p[:-1], 0) for p in paths], dtype=torch.long, device=device)
+    depth = torch.tensor([0] + [len(p) for p in paths], dtype=torch.long, device=device)
+    ancestors, retrieve, sib_before = structure_from_parents(parents, depth)
+    topk = max((p[-1] for p in paths), default=0) + 1
+    cand = torch.tensor([(len(p) - 1) * topk + p[-1] for p in paths], dtype=torch.long, device=device)
+    return TreeBuffers(paths, parents, depth, ancestors, retrieve, sib_before, cand, topk)
+
+
+def tree_buffers(
+    paths: Sequence[Sequence[int]], device: torch.device | str = "cpu", max_depth: int | None = None
+) -> TreeBuffers:
+    """Cached `TreeBuffers` for ``paths``, optionally cut to nodes of depth <= ``max_depth``.
+
+    The cut is how generation ends exactly at ``max_new_tokens``: with r tokens still to emit, drafts
+    deeper than r-1 could never be used, and for absolute-position models they could even run past the
+    context window.
+    """
+    valid = validate_paths(paths)
+    if max_depth is not None:
+        valid = tuple(p for p in valid if len(p) <= max_depth)
+    return _buffers(valid, str(torch.device(device)))
+
+
+def chain(depth: int) -> list[list[int]]:
+    """The chain tree: each head's top-1 only (plain speculative decoding with `depth` drafts)."""
+    return [[0] * d for d in range(1, depth + 1)]
+
+
+def expected_accept_length(paths: Sequence[Sequence[int]], acc: Tensor) -> float:
+    """Expected tokens per step, bonus included: 1 + Σ_nodes Π_{prefix} acc[depth-1, rank].
+
+    acc: [D, K] probability that head d's rank-k token is the right one (ranks disjoint events).
+    """
+    return 1.0 + sum(float(torch.stack([acc[i, r] for i, r in enumerate(p)]).prod()) for p in paths)
+
+
+def build_tree(acc: Tensor, num_nodes: int) -> list[list[int]]:
+    """Greedy tree that maximises expected accepted length (Medusa's sparse-tree construction).
+
+    acc: [D, K], acc[d, k] = probability that depth-(d+1) head's rank-k token is correct.
+    A node's value is the product of acc along its rank path; each step adds the frontier node of
+    highest value (a child is only a candidate once its parent is in the tree), so the result is
+    always a valid tree and, since values shrink along a path, the best N-node subtree.
+    """
+    D, K = acc.shape
+    import heapq
+
+    chosen: list[Path] = []
+    heap: list[tuple[float, Path]] = [(-float(acc[0, k]), (k,)) for k in range(K)]
+    heapq.heapify(heap)
+    while heap and len(chosen) < num_nodes:
+        neg, p = heapq.heappop(heap)
+        chosen.append(p)
+        if len(p) < D:
+            for k in range(K):
+                heapq.heappush(heap, (neg * float(acc[len(p), k]), (*p, k)))
+    return [list(p) for p in chosen]
+
+
+def default_accuracies(depth: int, topk: int = 8) -> Tensor:
+    """A prior for untuned heads: top-1 accuracy 0.6 decaying 0.8x per head, rank k weight ~ 1/(k+1)^1.5.
+
+    Roughly the shape of trained Medusa heads' accuracies; `scripts/tune_tree.py` replaces it with
+    measured numbers.
+    """
+    d = torch.arange(depth, dtype=torch.float64)[:, None]
+    k = torch.arange(topk, dtype=torch.float64)[None, :]
+    return 0.6 * 0.8**d * (k + 1) ** -1.5
+
+
+def default_tree(num_heads: int, num_nodes: int = 32) -> list[list[int]]:
+    """The default static tree for ``num_heads`` Medusa heads: `build_tree` on `default_accuracies`."""
+    return build_tree(default_accuracies(num_heads), num_nodes)
+
+
+def attention_mask(
+    ancestors: Tensor,
+    depth: Tensor,
+    past_len: int,
+    dtype: torch.dtype,
+    config=None,
+) -> Tensor | dict[str, Tensor]:
+    """The 4D additive mask for verifying a tree after ``past_len`` cached tokens (DESIGN.md §4).
+
+    Returns [1, 1, N+1, past_len + N+1]: 0 where node i may attend (the whole prefix, and its own
+    ancestors including itself), ``finfo(dtype).min`` elsewhere. transformers uses a 4D mask as given,
+    so any stock decoder-only model runs tree attention without a modified modeling file.
+
+    Sliding-window attention (``config.sliding_window``) additionally hides prefix keys further than
+    the window from the query's position ``past_len + depth``. A model with both full and sliding
+    layers (``config.layer_types``, e.g. Gemma 2/3) gets the dict {"full_attention", "sliding_attention"}
+    that its forward accepts in place of one mask.
+    """
+    n = ancestors.shape[0]
+    device = ancestors.device
+    neg = torch.finfo(dtype).min
+    tree_part = torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(~ancestors, neg)
+    full = torch.cat([torch.zeros(n, past_len, dtype=dtype, device=device), tree_part], 1)[None, None]
+    window = _sliding_window(config)
+    if window is None:
+        return full
+    q_pos = past_len + depth  # [N+1]
+    k_pos = torch.arange(past_len, device=device)
+    far = (q_pos[:, None] - k_pos[None, :]) >= window  # [N+1, past]
+    sliding = full.clone()
+    sliding[0, 0, :, :past_len].masked_fill_(far, neg)
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if "full_attention" in layer_types and "sliding_attention" in layer_types:
+        return {"full_attention": full, "sliding_attention": sliding}
+    return sliding
+
+
+def _sliding_window(config) -> int | None:
+    if config is None:
+        return None
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    return int(window)

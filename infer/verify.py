@@ -1,0 +1,125 @@
+"""Acceptance rules: which drafted path the target keeps, and the next token it emits.
+
+Pure functions over tensors, no model state. Each takes the target's logits at every tree node and the
+tree, and returns an `Acceptance`: the accepted root-to-node path and the bonus token sampled (or
+argmaxed) from the target at the last accepted node. Tokens emitted per step = accepted drafts + 1.
+
+Rules:
+- `accept_greedy`: drafts must equal the target's argmax; output is token-identical to greedy decoding.
+- `accept_exact`: multi-draft recursive rejection sampling (Leviathan et al. 2023; Chen et al. 2023;
+  SpecInfer, Miao et al. 2024; EAGLE, Li et al. 2024). Output follows the target's (warped)
+  distribution exactly.
+- `accept_typical`: Medusa's typical acceptance (Cai et al. 2024). Faster, *not* lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from infer.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """path: [D+1] long node indices root-first, padded with -1; length: [] long number of valid
+    entries (root included, so 1 = no draft accepted); next_token: [] long, the bonus token."""
+
+    path: Tensor
+    length: Tensor
+    next_token: Tensor
+
+
+def longest_path(ok: Tensor, retrieve: Tensor) -> tuple[Tensor, Tensor]:
+    """The root-to-leaf prefix with most consecutive ``ok`` nodes.
+
+    ok: [N+1] bool, node passes its test given its parent (the root always passes).
+    retrieve: [P, D+1] root-to-leaf paths padded with -1.
+    Returns (path [D+1], length []). Ties go to the first path in ``retrieve``.
+    """
+    ok_paths = ok[retrieve.clamp(min=0)] & (retrieve >= 0)  # [P, D+1]
+    lengths = ok_paths.long().cumprod(-1).sum(-1)  # [P]
+    best = lengths.argmax()
+    return retrieve[best], lengths[best]
+
+
+def _last_node(path: Tensor, length: Tensor) -> Tensor:
+    return path.gather(0, (length - 1).view(1)).squeeze(0)
+
+
+def accept_greedy(logits: Tensor, tree: DraftTree) -> Acceptance:
+    """logits: [N+1, V]. Node i is ok iff tokens[i] == argmax(logits[parent(i)])."""
+    pred = logits.argmax(-1)  # [N+1]
+    ok = tree.tokens == pred[tree.parents.clamp(min=0)]
+    ok[0] = True
+    path, length = longest_path(ok, tree.retrieve)
+    return Acceptance(path, length, pred[_last_node(path, length)])
+
+
+def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Sample one index from unnormalised non-negative weights [..., V] without a host sync.
+
+    Exponential-race trick: argmax_v w_v / E_v with E_v ~ Exp(1) picks v with probability w_v / Σw.
+    """
+    e = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    return (probs.float() / e).argmax(-1)
+
+
+def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Acceptance:
+    """Recursive rejection sampling over a tree of deterministic drafts (q = δ(x)).
+
+    probs: [N+1, V] the target's warped distribution p_v at every node (temperature, top-k, top-p
+    applied exactly as in plain sampling).
+
+    At node v, children c_1..c_m (distinct tokens x_j, tried in index order) are tested in turn: with
+    residual r_1 = p_v, accept x_j w.p. r_j(x_j); on rejection r_{j+1} = r_j with x_j zeroed,
+    renormalised. Since q is a point mass, r_j(x_j) = p_v(x_j) / (1 - Σ_{i<j} p_v(x_i)): every node's
+    acceptance probability is known up front, so all coin flips are drawn at once and the walk
+    becomes "the first child whose coin succeeds", a vectorised test with no loop over nodes. If
+    every child is rejected (or v is a leaf) the bonus token is sampled from r_{m+1} = p_v with all
+    children zeroed. The emitted token at every position is then distributed exactly as p_v.
+    """
+    parent = tree.parents.clamp(min=0)
+    q = probs[parent, tree.tokens]  # [N+1] p_parent(x_i)
+    q[0] = 0
+    before = tree.sib_before.to(probs.dtype) @ q  # mass of earlier siblings
+    p_acc = (q / (1 - before).clamp(min=1e-30)).clamp(max=1.0)
+    u = torch.rand(q.shape, device=q.device, generator=generator, dtype=probs.dtype)
+    coin = u < p_acc
+    first = coin & ~((tree.sib_before.to(probs.dtype) @ coin.to(probs.dtype)) > 0)
+    first[0] = True
+    path, length = longest_path(first, tree.retrieve)
+    last = _last_node(path, length)
+    # residual at the last node: its children's tokens removed
+    is_child = (tree.parents == last).to(probs.dtype)
+    removed = torch.zeros(probs.shape[-1], device=probs.device, dtype=probs.dtype).index_add_(
+        0, tree.tokens, is_child
+    )
+    residual = probs[last] * (removed == 0)
+    # if every bit of mass sat on rejected children (only possible through rounding), fall back to p_v
+    residual = torch.where(residual.sum() > 0, residual, probs[last])
+    return Acceptance(path, length, sample_from(residual, generator))
+
+
+def accept_typical(
+    probs: Tensor,
+    tree: DraftTree,
+    eps: float = 0.09,
+    delta: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    """Medusa typical acceptance: draft x under parent v is ok iff p_v(x) > min(eps, delta·exp(-H(p_v))).
+
+    probs: [N+1, V] temperature-scaled target distribution. The longest ok path is kept and the bonus
+    token is sampled from p at its last node. Not lossless: it trades exactness for longer accepts.
+    As temperature -> 0, p_v becomes one-hot and only the argmax passes, so this reduces to greedy.
+    """
+    entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)  # [N+1]
+    threshold = torch.minimum(torch.full_like(entropy, eps), delta * torch.exp(-entropy))
+    parent = tree.parents.clamp(min=0)
+    ok = probs[parent, tree.tokens] > threshold[parent]
+    ok[0] = True
+    path, length = longest_path(ok, tree.retrieve)
+    return Acceptance(path, length, sample_from(probs[_last_node(path, length)], generator))
