@@ -12,6 +12,8 @@ norm, so ``lm_head(hidden_states[-1])`` gives the logits (before any final soft-
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +116,12 @@ def num_layers(model: nn.Module) -> int:
     return int(model.config.get_text_config().num_hidden_layers)
 
 
+@functools.lru_cache(maxsize=32)
+def _cache_kwarg(model_cls: type) -> str:
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def run_target(
     model: nn.Module,
     input_ids: Tensor,
@@ -126,7 +134,8 @@ def run_target(
 
     input_ids: [B, T]; attention_mask: [B, T] padding mask or a 4D additive mask [B, 1, T, S].
     ``aux_layers`` are indices into ``hidden_states`` (the input of that decoder layer).
-    Extra keyword arguments (``position_ids``, ``cache``, ``use_cache``...) go to the model.
+    Extra keyword arguments (``position_ids``, ``cache``, ``use_cache``...) go to the model; ``cache`` is
+    passed under the name this transformers version uses (``cache`` or ``past_key_values``).
     """
     out = model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **forward_kwargs

@@ -1,0 +1,1 @@
+"""Training: data loading, losses and the head-training loop."""
