@@ -3,7 +3,7 @@ Decoding Heads").
 
 Head k (k = 0..K-1) reads the target's last post-norm hidden state h_t and predicts token t+2+k; the
 target's own lm_head already predicts t+1. Each head is ``num_layers`` residual blocks
-``h <- h + SiLU(W h + b)`` (separate modules, W zero-initialised so a fresh head equals the target's
+``h <- h + SiLU(W h + b)`` (separate modules, W and b zero-initialised so a fresh head equals the target's
 next-token predictor) followed by logits from the target's frozen lm_head (``lm_head="target"``, the
 cheap default) or from a trainable per-head copy of it (``lm_head="own"``).
 """
@@ -39,12 +39,13 @@ class MedusaConfig(HeadConfig):
 
 
 class ResBlock(nn.Module):
-    """h + SiLU(W h + b), with W = 0 at init so the block starts as the identity."""
+    """h + SiLU(W h + b), with W = 0 and b = 0 at init so the block starts as the identity."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)  # SiLU(0) = 0; a default-initialised bias would shift h
 
     def forward(self, h: Tensor) -> Tensor:
         return h + nn.functional.silu(self.linear(h))
@@ -86,7 +87,7 @@ class MedusaHeads(nn.Module):
             with torch.no_grad():
                 for head in heads.lm_heads:
                     head.weight.copy_(p.float())
-        return heads.to(device=p.device)
+        return heads.to(device=p.device, dtype=p.dtype)
 
     def features(self, hidden: Tensor) -> Tensor:
         """hidden: [..., H] -> [K, ..., H], each head's transformed state before its lm_head."""

@@ -49,6 +49,10 @@ _UNSUPPORTED = {
     "num_return_sequences": 1,
     "sequence_bias": None,
     "guidance_scale": None,
+    "top_h": None,
+    "exponential_decay_length_penalty": None,
+    "watermarking_config": None,
+    "stop_strings": None,
 }
 
 
@@ -85,11 +89,17 @@ class GenerateOutput:
 
 
 def _resolve(target, generation_config, overrides: dict):
+    """The effective config, in transformers' order: keyword arguments > ``generation_config`` > the
+    target's ``generation_config`` > transformers' global defaults (e.g. ``top_k=50`` when sampling)."""
     from transformers import GenerationConfig
 
-    gc = copy.deepcopy(
-        generation_config if generation_config is not None else target.generation_config or GenerationConfig()
-    )
+    base = target.generation_config
+    gc = copy.deepcopy(generation_config if generation_config is not None else base or GenerationConfig())
+    if generation_config is not None and base is not None:
+        gc.update(**base.to_dict(), defaults_only=True)
+    global_defaults = getattr(gc, "_get_default_generation_params", None)
+    if global_defaults is not None:
+        gc.update(**global_defaults(), defaults_only=True)
     for k, v in overrides.items():
         if v is not None:
             setattr(gc, k, v)

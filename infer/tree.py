@@ -224,10 +224,10 @@ def attention_mask(
     ancestors including itself), ``finfo(dtype).min`` elsewhere. transformers uses a 4D mask as given,
     so any stock decoder-only model runs tree attention without a modified modeling file.
 
-    Sliding-window attention (``config.sliding_window``) additionally hides prefix keys further than
-    the window from the query's position ``past_len + depth``. A model with both full and sliding
-    layers (``config.layer_types``, e.g. Gemma 2/3) gets the dict {"full_attention", "sliding_attention"}
-    that its forward accepts in place of one mask.
+    Sliding-window attention (``config.sliding_window``) additionally hides keys (prefix or ancestor)
+    ``window`` or more positions before the query's position ``past_len + depth``. A model with both
+    full and sliding layers (``config.layer_types``, e.g. Gemma 2/3) gets the dict
+    {"full_attention", "sliding_attention"} that its forward accepts in place of one mask.
     """
     n = ancestors.shape[0]
     device = ancestors.device
@@ -238,10 +238,10 @@ def attention_mask(
     if window is None:
         return full
     q_pos = past_len + depth  # [N+1]
-    k_pos = torch.arange(past_len, device=device)
-    far = (q_pos[:, None] - k_pos[None, :]) >= window  # [N+1, past]
-    sliding = full.clone()
-    sliding[0, 0, :, :past_len].masked_fill_(far, neg)
+    # keys: the prefix, then the tree nodes at their own positions (a deep tree can outgrow the window)
+    k_pos = torch.cat([torch.arange(past_len, device=device), q_pos])
+    far = (q_pos[:, None] - k_pos[None, :]) >= window  # [N+1, past + N+1]
+    sliding = full.masked_fill(far[None, None], neg)
     layer_types = set(getattr(config, "layer_types", None) or [])
     if "full_attention" in layer_types and "sliding_attention" in layer_types:
         return {"full_attention": full, "sliding_attention": sliding}
