@@ -137,6 +137,8 @@ def run_target(
     Extra keyword arguments (``position_ids``, ``cache``, ``use_cache``...) go to the model; ``cache`` is
     passed under the name this transformers version uses (``cache`` or ``past_key_values``).
     """
+    if "cache" in forward_kwargs:  # transformers renamed past_key_values -> cache during 5.x
+        forward_kwargs[_cache_kwarg(type(model))] = forward_kwargs.pop("cache")
     out = model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **forward_kwargs
     )
