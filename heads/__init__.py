@@ -1,15 +1,20 @@
 """Draft heads grafted onto a frozen target LM. One file per head type; see `heads.base` for save/load."""
 
 from heads.base import REGISTRY, HeadConfig, load_heads, save_heads
+from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
 from heads.graft import TargetOutput, freeze, load_target, run_target, target_dims
 from heads.medusa import MedusaConfig, MedusaHeads
 
 __all__ = [
     "REGISTRY",
+    "EagleConfig",
+    "EagleHead",
     "HeadConfig",
     "MedusaConfig",
     "MedusaHeads",
     "TargetOutput",
+    "eagle_loss",
+    "eagle_train_forward",
     "freeze",
     "load_heads",
     "load_target",

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from infer.draft import MedusaProposer, Proposer
+from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
 from infer.tree import build_tree, chain, default_tree
 
@@ -42,8 +43,28 @@ class SpecModel:
     def __post_init__(self) -> None:
         self.heads.config.check_target(self.target)
 
-    def proposer(self, tree: list[list[int]] | None = None) -> Proposer:
+    def proposer(
+        self,
+        tree: list[list[int]] | None = None,
+        *,
+        depth: int | None = None,
+        draft_top_k: int | None = None,
+        total_tokens: int | None = None,
+    ) -> Proposer:
+        """The heads' proposer. ``tree`` is for static-tree heads (Medusa); ``depth``/``draft_top_k``/
+        ``total_tokens`` shape EAGLE-2 dynamic trees (defaults 6 / 8 / 48)."""
         kind = self.heads.config.head_type
+        dynamic = {"depth": depth, "draft_top_k": draft_top_k, "total_tokens": total_tokens}
+        dynamic = {k: v for k, v in dynamic.items() if v is not None}
+        if kind == "eagle":
+            if tree is not None:
+                raise ValueError(
+                    "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"
+                )
+            embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
+            return EagleProposer(self.heads, embed, lm_head, **dynamic)
+        if dynamic:
+            raise ValueError(f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {kind!r}")
         if kind == "medusa":
             paths = (
                 tree
@@ -113,6 +134,9 @@ def generate(
     tree: list[list[int]] | None = None,
     generator: torch.Generator | None = None,
     attention_mask: Tensor | None = None,
+    depth: int | None = None,
+    draft_top_k: int | None = None,
+    total_tokens: int | None = None,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
 
@@ -122,10 +146,12 @@ def generate(
     target's temperature/top-k/top-p distribution; ``"typical"`` uses Medusa's typical acceptance
     (``p(x) > min(eps, delta·exp(-H(p)))``), faster but not lossless. ``streamer`` gets ``put``/``end``
     calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new] and ``stats``.
+    ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
+    max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
     """
     return speculative_generate(
         model.target,
-        model.proposer(tree),
+        model.proposer(tree, depth=depth, draft_top_k=draft_top_k, total_tokens=total_tokens),
         input_ids,
         generation_config=generation_config,
         max_new_tokens=max_new_tokens,

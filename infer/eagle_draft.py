@@ -1,0 +1,169 @@
+"""EAGLE-2 dynamic draft trees (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with
+Dynamic Draft Trees") on an EAGLE-1/2 head (`heads.eagle.EagleHead`).
+
+The draft layer keeps its own KV cache over *pairs* k = (token x_{k+1}, target feature f_k) at position
+k (the convention of `heads.eagle`). Only pairs built from accepted tokens and the target's own
+features are ever kept in it; the tree steps' KV (built from predicted features) is cropped away at
+the end of every `propose`.
+
+One `propose(root)`:
+
+1. commit: one draft forward over the pairs that became known since the last step — the accepted
+   tokens with the target features of their predecessors — plus the root pair (root, f_last). Its
+   last output f̂ scores the root's children: log p = log_softmax(lm_head f̂).
+2. expand (``depth - 1`` draft forwards): the frontier (``draft_top_k`` nodes) runs as one batch of
+   pairs (node token, parent's f̂) at position root_pos + depth(node), with a tree mask against the
+   draft cache (the committed prefix, plus the node's ancestors from earlier steps, plus itself).
+   Each node's top ``draft_top_k`` children are scored by parent score + log p; the global top
+   ``draft_top_k`` of those form the next frontier. Every scored child is a candidate.
+3. rerank: keep the ``total_tokens - 1`` candidates of highest cumulative log-prob. A child never
+   scores above its parent (log p <= 0) and a stable sort breaks ties toward the earlier-created
+   parent, so every kept node's parent is kept; sorting the kept nodes by creation index orders
+   parents before children. Siblings come from one top-k, so their tokens are distinct.
+
+No Python loop runs over nodes (only over depth). The only host syncs in `propose` are inside
+`infer.tree.structure_from_parents` (the tree's max depth and the boolean-mask gathers that size
+``ancestors``/``retrieve``: 7 per call, counted with ``torch.cuda.set_sync_debug_mode`` on an H200);
+everything else is shape arithmetic known on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from heads.graft import TargetOutput
+from infer.cache import new_cache
+from infer.draft import Proposer, root_only
+from infer.tree import DraftTree, structure_from_parents
+
+
+class EagleProposer(Proposer):
+    """EAGLE-2 dynamic-tree drafting.
+
+    head: an `EagleHead`; embed / lm_head: the target's input embedding and lm_head modules.
+    depth: maximum draft depth (tree depth, root = 0); draft_top_k: frontier width and children per
+    expanded node; total_tokens: tree size including the root.
+    """
+
+    def __init__(
+        self,
+        head: nn.Module,
+        embed: nn.Module,
+        lm_head: nn.Module,
+        depth: int = 6,
+        draft_top_k: int = 8,
+        total_tokens: int = 48,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        if draft_top_k < 1:
+            raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
+        if total_tokens < 2:
+            raise ValueError(
+                f"total_tokens must be >= 2 (the root and at least one draft), got {total_tokens}"
+            )
+        self.head, self.embed, self.lm_head = head, embed, lm_head
+        self.depth, self.total_tokens = depth, total_tokens
+        self.top_k = min(draft_top_k, head.config.vocab_size)
+        self.cache = None
+        self.committed = 0  # pairs in the draft cache
+        self.pending_tokens: Tensor | None = None  # [m] x_{k+1} of pairs not yet run
+        self.pending_feats: Tensor | None = None  # [m, H] f_k of those pairs
+        self.last_feat: Tensor | None = None  # [H] target feature of the last accepted token
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
+        """prompt_ids: [1, T]; out.hidden: [1, T, H]. Pairs 0..T-2 are pending; f_{T-1} waits for the root."""
+        self.cache = new_cache()
+        self.committed = 0
+        self.pending_tokens = prompt_ids[0, 1:]
+        self.pending_feats = out.hidden[0, :-1]
+        self.last_feat = out.hidden[0, -1]
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
+        """tokens: [n] accepted nodes (root first); hidden: [n, H] the target's features at them.
+
+        New pairs (tokens[i], hidden[i-1]) for i = 1..n-1; the root pair was consumed by `propose`.
+        """
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens[1:]])
+        self.pending_feats = torch.cat([self.pending_feats, hidden[:-1]])
+        self.last_feat = hidden[-1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        """root: [] long, the token the target chose last step -> a `DraftTree` of depth <= min(depth, max_depth)."""
+        head, K = self.head, self.top_k
+        toks = torch.cat([self.pending_tokens, root.view(1)])
+        feats = torch.cat([self.pending_feats, self.last_feat[None]])
+        D = min(self.depth, max_depth)
+        if D <= 0:  # nothing to draft: keep the root pair for later
+            self.pending_tokens, self.pending_feats = toks, feats
+            return root_only(root)
+        # 1. commit the real pairs; the last output predicts the root's children
+        out = head(toks[None], feats[None], self.embed, cache=self.cache)[0]  # [m+1, H]
+        self.committed += toks.shape[0]
+        self.pending_tokens, self.pending_feats = toks[:0], feats[:0]
+        root_pos = self.committed - 1
+        f_root = out[-1]  # [H]
+        logp = torch.log_softmax(head.logits(f_root, self.lm_head), -1)  # [V]
+        top = logp.topk(K)
+        device = root.device
+        # candidates, in creation order (a child is always created after its parent)
+        cand_tok, cand_score = [top.indices], [top.values]
+        cand_parent = [torch.full((K,), -1, dtype=torch.long, device=device)]
+        cand_depth = [torch.ones(K, dtype=torch.long, device=device)]
+        n_cand = K
+        # frontier: the K nodes to expand next
+        f_cid = torch.arange(K, device=device)
+        f_tok, f_score = top.indices, top.values
+        f_feat = f_root.expand(K, -1)  # parent's predicted feature
+        f_anc = torch.zeros(K, 0, dtype=torch.bool, device=device)  # ancestors among cached tree nodes
+        eye = torch.eye(K, dtype=torch.bool, device=device)
+        dtype = head.fc.weight.dtype
+        neg = torch.finfo(dtype).min
+        for d in range(1, D):
+            # 2. one draft forward over the depth-d frontier
+            tree_part = torch.cat([f_anc, eye], 1)  # [K, d*K]
+            mask = torch.zeros(K, self.committed + tree_part.shape[1], dtype=dtype, device=device)
+            mask[:, self.committed :].masked_fill_(~tree_part, neg)
+            pos = torch.full((1, K), root_pos + d, dtype=torch.long, device=device)
+            f_hat = head(
+                f_tok[None],
+                f_feat[None],
+                self.embed,
+                position_ids=pos,
+                attention_mask=mask[None, None],
+                cache=self.cache,
+            )[0]  # [K, H]
+            logp = torch.log_softmax(head.logits(f_hat, self.lm_head), -1)  # [K, V]
+            child = logp.topk(K, dim=-1)  # [K, K]
+            scores = (f_score[:, None] + child.values).reshape(-1)  # [K*K], row j = children of frontier j
+            tokens = child.indices.reshape(-1)
+            cand_tok.append(tokens)
+            cand_score.append(scores)
+            cand_parent.append(f_cid.repeat_interleave(K))
+            cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.long, device=device))
+            best = scores.topk(K).indices  # [K] next frontier, as indices into this step's candidates
+            pj = best // K  # their parents' frontier slots
+            f_cid = n_cand + best
+            f_tok, f_score, f_feat = tokens[best], scores[best], f_hat[pj]
+            f_anc = torch.cat([f_anc[pj], eye[pj]], 1)  # [K, d*K]: parent's ancestors + the parent
+            n_cand += K * K
+        self.cache.crop(-(self.cache.get_seq_length() - self.committed))  # drop the tree steps' KV
+        # 3. rerank all candidates, keep the best total_tokens - 1
+        tok, score = torch.cat(cand_tok), torch.cat(cand_score)
+        parent, depth = torch.cat(cand_parent), torch.cat(cand_depth)
+        n = min(self.total_tokens - 1, n_cand)
+        keep = torch.sort(score, descending=True, stable=True).indices[:n].sort().values  # [n]
+        slot = torch.zeros(n_cand, dtype=torch.long, device=device)
+        slot[keep] = torch.arange(1, n + 1, device=device)  # tree index of each kept candidate
+        kp = parent[keep]
+        tree_parents = torch.cat(
+            [
+                torch.full((1,), -1, dtype=torch.long, device=device),
+                torch.where(kp >= 0, slot[kp.clamp(min=0)], 0),
+            ]
+        )
+        tree_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth[keep]])
+        tree_tokens = torch.cat([root.view(1), tok[keep]])
+        ancestors, retrieve, sib_before = structure_from_parents(tree_parents, tree_depth)
+        return DraftTree(tree_tokens, tree_parents, tree_depth, ancestors, retrieve, sib_before)

@@ -1,0 +1,478 @@
+"""EAGLE-1/2 heads and EAGLE-2 dynamic-tree drafting.
+
+Covers: construction per architecture (the draft layer is the target's own, minus input norm), a clear
+error for GPT-2, heads-only save/load, the loss and its alignment, the dynamic tree against a naive
+per-path reference, and greedy identity / exact sampling through `infer.generate` with random and
+briefly trained heads. Tiny random targets (conftest), seeded; about 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+import torch
+from conftest import tiny_model
+from torch import nn
+
+import infer
+from heads import EagleConfig, EagleHead, eagle_loss, eagle_train_forward, load_heads, save_heads
+from heads.graft import TargetOutput, run_target
+from infer.eagle_draft import EagleProposer
+
+EAGLE_ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny ops on a shared 2-core machine: one thread avoids OpenMP spin contention (10x faster here)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.cache
+def target(arch: str):
+    return tiny_model(arch)
+
+
+def fresh_head(arch: str, seed: int = 1, **kw) -> EagleHead:
+    torch.manual_seed(seed)
+    return EagleHead.for_target(target(arch), **kw).eval()
+
+
+# ---------------------------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize("arch", EAGLE_ARCHS)
+def test_layer_is_the_targets_own(arch):
+    m = target(arch)
+    head = fresh_head(arch)
+    t_layer = m.base_model.layers[0]
+    d_layer = head.layers[0]
+    assert type(d_layer) is type(t_layer)
+    assert isinstance(d_layer.input_layernorm, nn.Identity)
+    # same parameters (names and shapes: head_dim, GQA, qkv bias, q/k norms), minus the input norm
+    t_shapes = {k: v.shape for k, v in t_layer.state_dict().items() if not k.startswith("input_layernorm")}
+    d_shapes = {k: v.shape for k, v in d_layer.state_dict().items()}
+    assert d_shapes == t_shapes
+    tc = m.config.get_text_config()
+    lc = head.layer_config
+    assert lc.model_type == tc.model_type and lc.num_hidden_layers == 1
+    assert lc.rope_parameters == tc.rope_parameters
+    assert getattr(lc, "head_dim", None) == getattr(tc, "head_dim", None)
+    assert getattr(lc, "attention_bias", None) == getattr(tc, "attention_bias", None)
+    # RoPE tables identical to the target's at arbitrary positions
+    pos = torch.tensor([[0, 5, 77, 200]])
+    x = torch.zeros(1, 4, tc.hidden_size)
+    for a, b in zip(head.rotary_emb(x, pos), m.base_model.rotary_emb(x, pos), strict=True):
+        assert torch.equal(a, b)
+    # heads-only: fc and the layer, no embedding / lm_head / input norm
+    keys = set(head.state_dict())
+    assert keys and all(k.startswith(("fc.", "layers.0.")) for k in keys), keys
+    assert {"fc.weight", "fc.bias"} <= keys
+    assert not any("embed" in k or "lm_head" in k or "input_layernorm" in k for k in keys)
+
+
+def test_layer_config_follows_unusual_target():
+    """rope_theta, linear rope scaling, attention bias and a non-default head_dim all carry over."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        attention_bias=True,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+    )
+    m = AutoModelForCausalLM.from_config(cfg).eval()
+    head = EagleHead.for_target(m)
+    lc = head.layer_config
+    assert lc.rope_parameters["rope_theta"] == 50000.0 and lc.rope_parameters["factor"] == 2.0
+    assert lc.head_dim == 8 and lc.attention_bias is True
+    assert head.layers[0].self_attn.q_proj.weight.shape == (16, 32)
+    assert head.layers[0].self_attn.q_proj.bias is not None
+    pos = torch.arange(100)[None]
+    x = torch.zeros(1, 100, 32)
+    assert all(
+        torch.equal(a, b) for a, b in zip(head.rotary_emb(x, pos), m.model.rotary_emb(x, pos), strict=True)
+    )
+
+
+def test_embedding_is_what_the_target_decoder_sees():
+    """Gemma2 scales embeddings by sqrt(H) inside its embedding module: the draft gets them scaled."""
+    m = target("gemma2")
+    ids = torch.randint(3, 96, (1, 5))
+    with torch.no_grad():
+        seen = m(ids, output_hidden_states=True).hidden_states[0]  # input of decoder layer 0
+        emb = m.get_input_embeddings()(ids)
+    assert torch.equal(seen, emb)
+    assert torch.allclose(emb, m.get_input_embeddings().weight[ids] * 32**0.5)
+
+
+def test_unsupported_architecture_is_named():
+    with pytest.raises(NotImplementedError, match="gpt2"):
+        EagleHead.for_target(tiny_model("gpt2"))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="noise"):
+        EagleConfig(noise=-1)
+    with pytest.raises(ValueError, match="nothing to train"):
+        EagleConfig(w_reg=0, w_cls=0)
+    with pytest.raises(ValueError, match="for_target"):
+        EagleHead(EagleConfig())
+
+
+# ---------------------------------------------------------------------------------------------- save / load
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_save_load_round_trip(arch, tmp_path):
+    m = target(arch)
+    head = fresh_head(arch, noise=0.05, bias=False)
+    save_heads(head, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    cfg = json.load(open(tmp_path / "config.json"))
+    assert cfg["head_type"] == "eagle" and cfg["target_config"]["model_type"] == arch
+    assert cfg["noise"] == 0.05 and cfg["bias"] is False
+    loaded = load_heads(str(tmp_path), m)
+    assert isinstance(loaded, EagleHead) and loaded.config == head.config
+    ids = torch.randint(3, 96, (2, 9))
+    f = torch.randn(2, 9, m.config.hidden_size)
+    emb = m.get_input_embeddings()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids, f, emb), head(ids, f, emb))
+
+
+def test_load_rejects_other_architecture(tmp_path):
+    save_heads(fresh_head("llama"), str(tmp_path))
+    with pytest.raises(ValueError, match="mistral"):  # same vocab and hidden size, other layer type
+        load_heads(str(tmp_path), target("mistral"))
+
+
+# ---------------------------------------------------------------------------------------------- loss
+
+
+def test_forward_is_causal_and_cache_consistent():
+    from transformers import DynamicCache
+
+    m, head = target("qwen3"), fresh_head("qwen3")
+    emb = m.get_input_embeddings()
+    ids, f = torch.randint(3, 96, (1, 10)), torch.randn(1, 10, 32)
+    with torch.no_grad():
+        full = head(ids, f, emb)
+        assert torch.allclose(head(ids[:, :6], f[:, :6], emb), full[:, :6], atol=1e-6)
+        cache = DynamicCache()
+        a = head(ids[:, :6], f[:, :6], emb, cache=cache)
+        b = head(ids[:, 6:], f[:, 6:], emb, cache=cache)
+    assert torch.allclose(torch.cat([a, b], 1), full, atol=1e-6)
+
+
+def test_loss_alignment_and_mask():
+    """A prediction equal to the target feature gives zero regression loss and top-1 = 1."""
+    m = target("llama")
+    lm_head = m.get_output_embeddings()
+    f = torch.randn(2, 5, 32)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]])
+    loss, met = eagle_loss(f.clone().requires_grad_(), f, lm_head, mask)
+    assert met["count"].item() == 3 and met["loss_reg"].item() == 0 and met["top1"].item() == 1
+    probs = torch.softmax(lm_head(f[mask.bool()]), -1)
+    assert torch.allclose(met["loss_cls"], -(probs * probs.log()).sum(-1).mean())  # CE = entropy
+    # no scored position: zero loss, still in the graph
+    pred = f.clone().requires_grad_()
+    loss, met = eagle_loss(pred, f, lm_head, torch.zeros(2, 5))
+    loss.backward()
+    assert loss.item() == 0 and met["count"].item() == 0 and pred.grad is not None
+
+
+def test_train_forward_shift():
+    """Pair k = (x_{k+1}, f_k) is scored against f_{k+1} iff loss_mask[k+2] (and padding allows it)."""
+    m = target("llama")
+    head = fresh_head("llama", noise=0.0)
+    ids = torch.randint(3, 96, (2, 8))
+    out = run_target(m, ids)
+    seen = {}
+
+    def spy(pred, tgt, lm_head, mask, *a, **k):
+        seen.update(pred=pred, tgt=tgt, mask=mask)
+        return eagle_loss(pred, tgt, lm_head, mask, *a, **k)
+
+    import heads.eagle as he
+
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]])
+    attn = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
+    orig, he.eagle_loss = he.eagle_loss, spy
+    try:
+        eagle_train_forward(
+            head, out, ids, attn, loss_mask, m.get_output_embeddings(), m.get_input_embeddings()
+        )
+    finally:
+        he.eagle_loss = orig
+    assert torch.equal(seen["tgt"], out.hidden[:, 1:])
+    expected = torch.tensor([[0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(seen["mask"], expected)
+    with torch.no_grad():
+        direct = head(ids[:1, 1:], out.hidden[:1, :-1], m.get_input_embeddings())
+    assert torch.allclose(seen["pred"][:1], direct, atol=1e-6)
+
+    class Wrapper(nn.Module):  # what DDP / DeepSpeed / accelerate put around the head
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+            self.calls = 0
+
+        def forward(self, *a, **k):
+            self.calls += 1
+            return self.module(*a, **k)
+
+    args = (out, ids, attn, loss_mask, m.get_output_embeddings(), m.get_input_embeddings())
+    wrapped = Wrapper(head)
+    assert torch.equal(eagle_train_forward(wrapped, *args)[0], eagle_train_forward(head, *args)[0])
+    assert wrapped.calls == 1
+
+
+def self_generated(arch: str, n: int = 16, T: int = 48, seed: int = 0) -> torch.Tensor:
+    """The target's own greedy continuations of random 4-token prompts: [n, T] (self-distillation data)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, 96, (n, 4), generator=g)
+    return target(arch).generate(
+        prompts, max_new_tokens=T - 4, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+
+
+@functools.cache
+def trained_head(arch: str, steps: int = 60) -> tuple[EagleHead, list[float], list[float]]:
+    """A head trained ``steps`` Adam steps on the target's own greedy text; returns (head, losses, top1)."""
+    m = target(arch)
+    seqs = self_generated(arch)
+    with torch.no_grad():
+        out = run_target(m, seqs)
+    out = TargetOutput(logits=out.logits[:, -1:], hidden=out.hidden)  # as the training loop gets it
+    head = fresh_head(arch, seed=0).train()
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    ones = torch.ones_like(seqs)
+    losses, top1 = [], []
+    for _ in range(steps):
+        loss, met = eagle_train_forward(
+            head, out, seqs, ones, ones, m.get_output_embeddings(), m.get_input_embeddings()
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        top1.append(met["top1"].item())
+    return head.eval(), losses, top1
+
+
+def test_training_reduces_loss():
+    _, losses, top1 = trained_head("llama")
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+    assert top1[-1] > top1[0] + 0.2, top1
+
+
+# ---------------------------------------------------------------------------------------------- dynamic tree
+
+
+def check_tree(tree, total_tokens: int, depth: int) -> None:
+    n = tree.num_nodes
+    idx = torch.arange(n)
+    assert 1 <= n <= total_tokens
+    assert (
+        tree.parents[0] == -1
+        and bool((tree.parents[1:] < idx[1:]).all())
+        and bool((tree.parents[1:] >= 0).all())
+    )
+    assert bool((tree.depth[1:] == tree.depth[tree.parents[1:]] + 1).all())
+    assert int(tree.depth.max()) <= depth
+    same_parent = (tree.parents[:, None] == tree.parents[None, :]) & (idx[:, None] != idx[None, :])
+    assert not bool((same_parent & (tree.tokens[:, None] == tree.tokens[None, :])).any()), (
+        "siblings repeat a token"
+    )
+    # ancestors/retrieve are consistent with the parents
+    for i in range(1, n):
+        p = int(tree.parents[i])
+        assert tree.ancestors[i, i] and bool((tree.ancestors[i] >= tree.ancestors[p]).all())
+
+
+def node_paths(tree) -> set[tuple[int, ...]]:
+    """Each non-root node as its token path from the root (root excluded)."""
+    paths: dict[int, tuple[int, ...]] = {0: ()}
+    for i in range(1, tree.num_nodes):
+        paths[i] = (*paths[int(tree.parents[i])], int(tree.tokens[i]))
+    return {p for i, p in paths.items() if i}
+
+
+def reference_tree(head, m, toks, feats, depth, K, total_tokens):
+    """EAGLE-2 by brute force: every node's distribution from a fresh, sequential, cache-free run of the
+    draft along its root-to-node path (pairs = real pairs, then (node token, parent's predicted feature))."""
+    emb, lm_head = m.get_input_embeddings(), m.get_output_embeddings()
+
+    def child_logp(path: tuple[int, ...]) -> torch.Tensor:
+        t, f = toks, feats
+        f_hat = head(t[None], f[None], emb)[0, -1]
+        for tok in path:
+            t = torch.cat([t, torch.tensor([tok])])
+            f = torch.cat([f, f_hat[None]])
+            f_hat = head(t[None], f[None], emb)[0, -1]
+        return torch.log_softmax(head.logits(f_hat, lm_head), -1)
+
+    def children(path, score):
+        top = child_logp(path).topk(K)
+        return [(score + float(v), (*path, int(i))) for v, i in zip(top.values, top.indices, strict=True)]
+
+    frontier = children((), 0.0)
+    cands = list(frontier)
+    for _ in range(depth - 1):
+        kids = [c for s, p in frontier for c in children(p, s)]
+        cands += kids
+        frontier = sorted(kids, key=lambda c: -c[0])[:K]
+    return {p for _, p in sorted(cands, key=lambda c: -c[0])[: total_tokens - 1]}
+
+
+@pytest.mark.parametrize(
+    "arch, K, total",
+    [
+        ("llama", 3, 12),
+        ("phi3", 3, 12),
+        ("llama", 2, 15),
+        ("qwen3", 2, 15),
+        ("gemma2", 2, 15),
+        ("phi3", 2, 15),
+    ],
+)
+def test_dynamic_tree_matches_reference(arch, K, total):
+    """Two propose steps (the second after `advance`) equal the brute-force EAGLE-2 tree. With K=2,
+    total=15 every candidate (2 + 3·4) is kept, so depth-3/4 nodes check the deep tree masks too."""
+    m = target(arch)
+    head, *_ = trained_head(arch)
+    depth = 4
+    seq = self_generated(arch, n=1, T=14, seed=5)[0]  # prompt = 10 tokens, then 4 target tokens
+    T = 10
+    with torch.inference_mode():
+        hidden = run_target(m, seq[None]).hidden[0]  # [14, H]
+        prop = EagleProposer(head, m.get_input_embeddings(), m.get_output_embeddings(), depth, K, total)
+        prop.start(seq[None, :T], TargetOutput(logits=torch.empty(0), hidden=hidden[None, :T]))
+        tree = prop.propose(seq[T], max_depth=100)
+        check_tree(tree, total, depth)
+        assert tree.num_nodes == total and (total < 15 or int(tree.depth.max()) == depth)
+        assert node_paths(tree) == reference_tree(head, m, seq[1 : T + 1], hidden[:T], depth, K, total)
+        # accept root + 2 tokens (their target features come from the verify forward), new root seq[T+3]
+        prop.advance(seq[T : T + 3], hidden[T : T + 3], ())
+        tree = prop.propose(seq[T + 3], max_depth=100)
+        check_tree(tree, total, depth)
+        assert prop.cache.get_seq_length() == T + 3  # pairs 0..T+2; no tree KV left behind
+        assert node_paths(tree) == reference_tree(head, m, seq[1 : T + 4], hidden[: T + 3], depth, K, total)
+
+
+def test_dynamic_tree_limits():
+    m = target("qwen2")
+    head = fresh_head("qwen2")
+    emb, lm_head = m.get_input_embeddings(), m.get_output_embeddings()
+    ids = torch.randint(3, 96, (1, 7))
+    with torch.inference_mode():
+        out = run_target(m, ids)
+        for depth, k, total, max_depth in [
+            (6, 8, 48, 100),
+            (5, 4, 60, 100),
+            (6, 8, 48, 2),
+            (3, 2, 100, 100),
+            (1, 5, 3, 9),
+        ]:
+            prop = EagleProposer(head, emb, lm_head, depth, k, total)
+            prop.start(ids, out)
+            tree = prop.propose(torch.tensor(5), max_depth=max_depth)
+            check_tree(tree, total, min(depth, max_depth))
+            assert tree.num_nodes == min(total, 1 + k + (min(depth, max_depth) - 1) * k * k)
+        prop = EagleProposer(head, emb, lm_head)
+        prop.start(ids, out)
+        tree = prop.propose(torch.tensor(5), max_depth=0)
+        assert tree.num_nodes == 1 and prop.cache.get_seq_length() == 0  # nothing drafted, nothing run
+        prop.advance(torch.tensor([5, 9]), torch.randn(2, 32), ())
+        tree = prop.propose(torch.tensor(4), max_depth=3)
+        check_tree(tree, 48, 3)
+        assert prop.cache.get_seq_length() == ids.shape[1] + 2
+    with pytest.raises(ValueError, match="total_tokens"):
+        EagleProposer(head, emb, lm_head, total_tokens=1)
+
+
+# ---------------------------------------------------------------------------------------------- generate
+
+
+def reference_greedy(m, ids, n):
+    return m.generate(ids, max_new_tokens=n, do_sample=False)
+
+
+@pytest.mark.parametrize("arch", EAGLE_ARCHS)
+def test_greedy_identity_random_heads(arch):
+    m = target(arch)
+    model = infer.SpecModel(m, fresh_head(arch))
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(7))
+    out = infer.generate(
+        model, ids, max_new_tokens=24, do_sample=False, depth=4, draft_top_k=4, total_tokens=16
+    )
+    assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "mistral", "phi3"])
+def test_greedy_identity_trained_heads_accept(arch):
+    m = target(arch)
+    head, *_ = trained_head(arch)
+    model = infer.SpecModel(m, head)
+    taus = []
+    for seed in (100, 101):
+        ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(seed))
+        out = infer.generate(model, ids, max_new_tokens=40, do_sample=False)  # defaults 6 / 8 / 48
+        assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
+        taus.append(out.stats.mean_accepted_length)
+    assert sum(taus) / len(taus) > 1.3, taus
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_greedy_identity_deep_chains(arch):
+    """Narrow trees (a chain, then top-2) reach depth 6: long accepts keep positions and KV right."""
+    m = target(arch)
+    model = infer.SpecModel(m, trained_head(arch)[0])
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(100))
+    longest = 0
+    for k, total in ((1, 7), (2, 20)):
+        out = infer.generate(
+            model, ids, max_new_tokens=40, do_sample=False, draft_top_k=k, total_tokens=total
+        )
+        assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
+        longest = max(longest, *out.stats.accepted_lengths)
+    assert longest >= 5
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_exact_sampling_runs(arch):
+    m = target(arch)
+    head, *_ = trained_head(arch)
+    model = infer.SpecModel(m, head)
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    for kw in ({}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}):
+        g = torch.Generator().manual_seed(0)
+        out = infer.generate(
+            model, ids, max_new_tokens=30, do_sample=True, generator=g, eos_token_id=[], **kw
+        )
+        assert out.sequences.shape == (1, 36) and torch.equal(out.sequences[:, :6], ids)
+        assert int(out.sequences.min()) >= 0 and int(out.sequences.max()) < 96
+        assert out.stats.num_target_forwards == len(out.stats.accepted_lengths) + 1
+
+
+def test_dynamic_options_are_for_eagle_only():
+    from heads import MedusaHeads
+
+    m = target("llama")
+    with pytest.raises(ValueError, match="eagle"):
+        infer.SpecModel(m, MedusaHeads.for_target(m)).proposer(depth=3)
+    with pytest.raises(ValueError, match="dynamic"):
+        infer.SpecModel(m, fresh_head("llama")).proposer(tree=[[0]])
