@@ -21,10 +21,9 @@ One `propose(root)`:
    parent, so every kept node's parent is kept; sorting the kept nodes by creation index orders
    parents before children. Siblings come from one top-k, so their tokens are distinct.
 
-No Python loop runs over nodes (only over depth). The only host syncs in `propose` are inside
-`infer.tree.structure_from_parents` (the tree's max depth and the boolean-mask gathers that size
-``ancestors``/``retrieve``: 7 per call, counted with ``torch.cuda.set_sync_debug_mode`` on an H200);
-everything else is shape arithmetic known on the host.
+No Python loop runs over nodes (only over depth), and `propose` has no host sync: every shape is
+known on the host, and the tree structure is built with ``structure_from_parents(max_depth=depth,
+leaves_only=False)``, whose ops do not depend on tensor values.
 """
 
 from __future__ import annotations
@@ -165,5 +164,7 @@ class EagleProposer(Proposer):
         )
         tree_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth[keep]])
         tree_tokens = torch.cat([root.view(1), tok[keep]])
-        ancestors, retrieve, sib_before = structure_from_parents(tree_parents, tree_depth)
+        ancestors, retrieve, sib_before = structure_from_parents(
+            tree_parents, tree_depth, max_depth=D, leaves_only=False
+        )
         return DraftTree(tree_tokens, tree_parents, tree_depth, ancestors, retrieve, sib_before)

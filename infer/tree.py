@@ -49,37 +49,53 @@ class DraftTree:
         return self.tokens.shape[0]
 
 
-def structure_from_parents(parents: Tensor, depth: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def structure_from_parents(
+    parents: Tensor, depth: Tensor, max_depth: int | None = None, leaves_only: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
     """(ancestors [N+1,N+1], retrieve [P,D+1], sib_before [N+1,N+1]) from parent pointers, as torch ops.
 
-    Ancestors are found by D rounds of pointer doubling-free walking (one gather per depth level), so
-    the cost is O(D·N²) tiny tensor ops and no Python loop over nodes. Used for static trees once, and
-    for EAGLE-2 dynamic trees every step.
+    Ancestors come from walking all parent pointers at once, one gather per depth level, so the cost is
+    O(D·N) tiny tensor ops and no Python loop over nodes. Static trees call this once; EAGLE-2 dynamic
+    trees call it every step, so with ``max_depth`` given (the proposer knows it) and
+    ``leaves_only=False`` no op depends on tensor values and nothing syncs with the host: ``retrieve``
+    then holds the root path of every node (P = N+1) instead of only the leaves'. Both give the same
+    longest accepted path, since an inner node's path is a prefix of some leaf's.
     """
     n = parents.shape[0]
     device = parents.device
     idx = torch.arange(n, device=device)
-    max_depth = int(depth.max()) if n > 1 else 0
-    # anc_chain[k] = k-th ancestor of every node (or -1 above the root)
+    if max_depth is None:
+        max_depth = int(depth.max()) if n > 1 else 0  # host sync; static trees only
+    # chain[:, k] = k-th ancestor of every node (or -1 above the root)
     chain = [idx]
     p = parents
     for _ in range(max_depth):
         chain.append(p)
         p = torch.where(p >= 0, parents[p.clamp(min=0)], p)
-    chain_t = torch.stack(chain, 1)  # [N+1, D+1], node, parent, grandparent, ...
-    ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
+    chain_t = torch.stack(chain, 1)  # [N+1, D+1]: node, parent, grandparent, ...
     valid = chain_t >= 0
-    ancestors[idx[:, None].expand_as(chain_t)[valid], chain_t[valid]] = True
-    # leaves: nodes that are nobody's parent; their path is the ancestor chain reversed (root first)
-    is_parent = torch.zeros(n, dtype=torch.bool, device=device)
-    is_parent[parents[parents >= 0]] = True
-    leaves = idx[~is_parent]
-    leaf_chain = chain_t[leaves]  # [P, D+1] leaf, parent, ..., root, -1, -1
-    leaf_depth = depth[leaves]
+    ancestors = (
+        torch.zeros(n, n, dtype=torch.int32, device=device).scatter_add_(
+            1, chain_t.clamp(min=0), valid.to(torch.int32)
+        )
+        > 0
+    )
+    if leaves_only:  # nodes that are nobody's parent (a data-dependent count: syncs)
+        is_parent = (
+            torch.zeros(n, dtype=torch.int32, device=device).scatter_add_(
+                0, parents.clamp(min=0), (parents >= 0).to(torch.int32)
+            )
+            > 0
+        )
+        rows = idx[~is_parent]
+    else:
+        rows = idx
+    row_chain = chain_t[rows]  # [P, D+1] node, parent, ..., root, -1, -1
+    row_depth = depth[rows]
     # reverse the valid prefix of each row: position k of the path holds the ancestor at depth k
     k = torch.arange(max_depth + 1, device=device)
-    src = leaf_depth[:, None] - k[None, :]
-    retrieve = torch.where(src >= 0, leaf_chain.gather(1, src.clamp(min=0)), torch.full_like(src, -1))
+    src = row_depth[:, None] - k[None, :]
+    retrieve = torch.where(src >= 0, row_chain.gather(1, src.clamp(min=0)), torch.full_like(src, -1))
     same_parent = parents[:, None] == parents[None, :]
     sib_before = same_parent & (idx[None, :] < idx[:, None])
     return ancestors, retrieve, sib_before
