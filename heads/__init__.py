@@ -2,17 +2,31 @@
 
 from heads.base import REGISTRY, HeadConfig, load_heads, save_heads
 from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
+from heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    build_vocab_map,
+    count_tokens,
+    eagle3_loss,
+    eagle3_train_forward,
+)
 from heads.graft import TargetOutput, freeze, load_target, run_target, target_dims
 from heads.medusa import MedusaConfig, MedusaHeads
 
 __all__ = [
     "REGISTRY",
+    "Eagle3Config",
+    "Eagle3Head",
     "EagleConfig",
     "EagleHead",
     "HeadConfig",
     "MedusaConfig",
     "MedusaHeads",
     "TargetOutput",
+    "build_vocab_map",
+    "count_tokens",
+    "eagle3_loss",
+    "eagle3_train_forward",
     "eagle_loss",
     "eagle_train_forward",
     "freeze",

@@ -75,14 +75,7 @@ class EagleConfig(HeadConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.target_config, dict):
-            raise ValueError(
-                f"target_config must be a dict (the target's config), got {type(self.target_config)}"
-            )
-        if self.target_config and "model_type" not in self.target_config:
-            raise ValueError(
-                "target_config has no 'model_type': pass target.config.get_text_config().to_dict()"
-            )
+        validate_target_config(self.target_config)
         if self.w_reg < 0 or self.w_cls < 0:
             raise ValueError(f"loss weights must be >= 0, got w_reg={self.w_reg}, w_cls={self.w_cls}")
         if self.w_reg == 0 and self.w_cls == 0:
@@ -96,12 +89,49 @@ class EagleConfig(HeadConfig):
 
     def check_target(self, target: nn.Module) -> None:
         super().check_target(target)
-        mt = target.config.get_text_config().model_type
-        if mt != self.model_type:
-            raise ValueError(
-                f"eagle heads were trained for a {self.model_type!r} target ({self.base_model_name_or_path!r}) "
-                f"and do not fit target of architecture {mt!r}: the draft layer is the target's own layer type"
-            )
+        check_target_arch(self, target)
+
+
+def validate_target_config(target_config: Any) -> None:
+    """Raise ``ValueError`` unless ``target_config`` is a dict with a ``model_type`` (or empty: not set yet)."""
+    if not isinstance(target_config, dict):
+        raise ValueError(f"target_config must be a dict (the target's config), got {type(target_config)}")
+    if target_config and "model_type" not in target_config:
+        raise ValueError("target_config has no 'model_type': pass target.config.get_text_config().to_dict()")
+
+
+def check_target_arch(config: HeadConfig, target: nn.Module) -> None:
+    """Raise ``ValueError`` if ``target`` is not of the architecture ``config.target_config`` describes."""
+    mt = target.config.get_text_config().model_type
+    want = config.target_config.get("model_type", "")
+    if mt != want:
+        raise ValueError(
+            f"{config.head_type} heads were trained for a {want!r} target ({config.base_model_name_or_path!r}) "
+            f"and do not fit target of architecture {mt!r}: the draft layer is the target's own layer type"
+        )
+
+
+def target_config_dict(target: nn.Module) -> dict[str, Any]:
+    """The target's text config as a dict, minus checkpoint-only keys (what ``target_config`` holds)."""
+    return {k: v for k, v in target.config.get_text_config().to_dict().items() if k not in _NON_ARCH_KEYS}
+
+
+def causal_mask(
+    attention_mask: Tensor | None, T: int, past_len: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """[B or 1, 1, T, past_len + T] additive causal mask (0 allowed, ``finfo.min`` not); ``attention_mask``
+    [B, past_len + T] (1 = real) also hides padded keys."""
+    S = past_len + T
+    q = torch.arange(T, device=device)[:, None] + past_len
+    k = torch.arange(S, device=device)[None, :]
+    allowed = (k <= q)[None, None]  # [1, 1, T, S]
+    if attention_mask is not None:
+        if attention_mask.shape[-1] != S:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} keys, expected {S}")
+        allowed = allowed & attention_mask.bool()[:, None, None, :]
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Module, Any]:
@@ -197,7 +227,7 @@ class EagleHead(nn.Module):
 
         vocab, hidden = target_dims(target)
         name = getattr(target.config, "_name_or_path", None) or None
-        tcfg = {k: v for k, v in target.config.get_text_config().to_dict().items() if k not in _NON_ARCH_KEYS}
+        tcfg = target_config_dict(target)
         head = cls(
             EagleConfig(
                 hidden_size=hidden,
@@ -212,18 +242,7 @@ class EagleHead(nn.Module):
 
     def causal_mask(self, attention_mask: Tensor | None, T: int, past_len: int, dtype: torch.dtype) -> Tensor:
         """[B or 1, 1, T, past_len + T] additive causal mask; ``attention_mask`` [B, past_len + T] hides padding."""
-        device = self.fc.weight.device
-        S = past_len + T
-        q = torch.arange(T, device=device)[:, None] + past_len
-        k = torch.arange(S, device=device)[None, :]
-        allowed = (k <= q)[None, None]  # [1, 1, T, S]
-        if attention_mask is not None:
-            if attention_mask.shape[-1] != S:
-                raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} keys, expected {S}")
-            allowed = allowed & attention_mask.bool()[:, None, None, :]
-        return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min
-        )
+        return causal_mask(attention_mask, T, past_len, dtype, self.fc.weight.device)
 
     def forward(
         self,

@@ -52,11 +52,11 @@ class SpecModel:
         total_tokens: int | None = None,
     ) -> Proposer:
         """The heads' proposer. ``tree`` is for static-tree heads (Medusa); ``depth``/``draft_top_k``/
-        ``total_tokens`` shape EAGLE-2 dynamic trees (defaults 6 / 8 / 48)."""
+        ``total_tokens`` shape EAGLE-2 dynamic trees of EAGLE-1/2/3 heads (defaults 6 / 8 / 48)."""
         kind = self.heads.config.head_type
         dynamic = {"depth": depth, "draft_top_k": draft_top_k, "total_tokens": total_tokens}
         dynamic = {k: v for k, v in dynamic.items() if v is not None}
-        if kind == "eagle":
+        if kind in ("eagle", "eagle3"):
             if tree is not None:
                 raise ValueError(
                     "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"

@@ -1,5 +1,6 @@
 """EAGLE-2 dynamic draft trees (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with
-Dynamic Draft Trees") on an EAGLE-1/2 head (`heads.eagle.EagleHead`).
+Dynamic Draft Trees") on an EAGLE-1/2 head (`heads.eagle.EagleHead`) or an EAGLE-3 head
+(`heads.eagle3.Eagle3Head`).
 
 The draft layer keeps its own KV cache over *pairs* k = (token x_{k+1}, target feature f_k) at position
 k (the convention of `heads.eagle`). Only pairs built from accepted tokens and the target's own
@@ -24,6 +25,11 @@ One `propose(root)`:
 No Python loop runs over nodes (only over depth), and `propose` has no host sync: every shape is
 known on the host, and the tree structure is built with ``structure_from_parents(max_depth=depth,
 leaves_only=False)``, whose ops do not depend on tensor values.
+
+EAGLE-3 heads differ in three places only: the target feature of a pair is ``cat(aux)`` [3H], the
+target's ``hidden_states`` at the head's ``aux_layer_ids`` (``aux_layers`` tells `generate` to return
+them; the head fuses them through its ``fc``), while tree steps feed the draft's own outputs [H]; the
+logits are over the head's draft vocabulary; and draft ids map to target ids through ``d2t``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from infer.tree import DraftTree, structure_from_parents
 class EagleProposer(Proposer):
     """EAGLE-2 dynamic-tree drafting.
 
-    head: an `EagleHead`; embed / lm_head: the target's input embedding and lm_head modules.
+    head: an `EagleHead` or `Eagle3Head`; embed / lm_head: the target's input embedding and lm_head
+    modules (an `Eagle3Head` has its own lm_head and ignores the target's).
     depth: maximum draft depth (tree depth, root = 0); draft_top_k: frontier width and children per
     expanded node; total_tokens: tree size including the root.
     """
@@ -64,29 +71,44 @@ class EagleProposer(Proposer):
             )
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.depth, self.total_tokens = depth, total_tokens
-        self.top_k = min(draft_top_k, head.config.vocab_size)
+        # EAGLE-3: target features are the aux hidden states; draft ids map to target ids via d2t
+        self.aux_layers = tuple(getattr(head.config, "aux_layer_ids", None) or ())
+        self.d2t: Tensor | None = getattr(head, "d2t", None)
+        n_vocab = self.d2t.shape[0] if self.d2t is not None else head.config.vocab_size
+        self.top_k = min(draft_top_k, n_vocab)
         self.cache = None
         self.committed = 0  # pairs in the draft cache
         self.pending_tokens: Tensor | None = None  # [m] x_{k+1} of pairs not yet run
-        self.pending_feats: Tensor | None = None  # [m, H] f_k of those pairs
+        self.pending_feats: Tensor | None = None  # [m, H] f_k of those pairs ([m, 3H] for EAGLE-3)
         self.last_feat: Tensor | None = None  # [H] target feature of the last accepted token
 
+    def _target_feats(self, hidden: Tensor, aux: tuple[Tensor, ...]) -> Tensor:
+        """[..., H] last hidden state (EAGLE-1/2) or [..., 3H] cat of the aux states (EAGLE-3)."""
+        return torch.cat(aux, dim=-1) if self.aux_layers else hidden
+
+    def _target_ids(self, draft_ids: Tensor) -> Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
-        """prompt_ids: [1, T]; out.hidden: [1, T, H]. Pairs 0..T-2 are pending; f_{T-1} waits for the root."""
+        """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
+        f_{T-1} waits for the root."""
         self.cache = new_cache()
         self.committed = 0
+        feats = self._target_feats(out.hidden, out.aux)[0]
         self.pending_tokens = prompt_ids[0, 1:]
-        self.pending_feats = out.hidden[0, :-1]
-        self.last_feat = out.hidden[0, -1]
+        self.pending_feats = feats[:-1]
+        self.last_feat = feats[-1]
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
-        """tokens: [n] accepted nodes (root first); hidden: [n, H] the target's features at them.
+        """tokens: [n] accepted nodes (root first); hidden: [n, H] the target's features at them (aux:
+        its [n, H] states at ``aux_layers``, for EAGLE-3).
 
-        New pairs (tokens[i], hidden[i-1]) for i = 1..n-1; the root pair was consumed by `propose`.
+        New pairs (tokens[i], feature[i-1]) for i = 1..n-1; the root pair was consumed by `propose`.
         """
+        feats = self._target_feats(hidden, aux)
         self.pending_tokens = torch.cat([self.pending_tokens, tokens[1:]])
-        self.pending_feats = torch.cat([self.pending_feats, hidden[:-1]])
-        self.last_feat = hidden[-1]
+        self.pending_feats = torch.cat([self.pending_feats, feats[:-1]])
+        self.last_feat = feats[-1]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [] long, the token the target chose last step -> a `DraftTree` of depth <= min(depth, max_depth)."""
@@ -105,15 +127,16 @@ class EagleProposer(Proposer):
         f_root = out[-1]  # [H]
         logp = torch.log_softmax(head.logits(f_root, self.lm_head), -1)  # [V]
         top = logp.topk(K)
+        top_tok = self._target_ids(top.indices)
         device = root.device
         # candidates, in creation order (a child is always created after its parent)
-        cand_tok, cand_score = [top.indices], [top.values]
+        cand_tok, cand_score = [top_tok], [top.values]
         cand_parent = [torch.full((K,), -1, dtype=torch.long, device=device)]
         cand_depth = [torch.ones(K, dtype=torch.long, device=device)]
         n_cand = K
         # frontier: the K nodes to expand next
         f_cid = torch.arange(K, device=device)
-        f_tok, f_score = top.indices, top.values
+        f_tok, f_score = top_tok, top.values
         f_feat = f_root.expand(K, -1)  # parent's predicted feature
         f_anc = torch.zeros(K, 0, dtype=torch.bool, device=device)  # ancestors among cached tree nodes
         eye = torch.eye(K, dtype=torch.bool, device=device)
@@ -136,7 +159,7 @@ class EagleProposer(Proposer):
             logp = torch.log_softmax(head.logits(f_hat, self.lm_head), -1)  # [K, V]
             child = logp.topk(K, dim=-1)  # [K, K]
             scores = (f_score[:, None] + child.values).reshape(-1)  # [K*K], row j = children of frontier j
-            tokens = child.indices.reshape(-1)
+            tokens = self._target_ids(child.indices.reshape(-1))
             cand_tok.append(tokens)
             cand_score.append(scores)
             cand_parent.append(f_cid.repeat_interleave(K))
