@@ -1,0 +1,162 @@
+"""The built-in demo target (train/demo.py): corpus split, tiny build, reload, chat template, determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from train import demo
+
+
+@pytest.fixture(scope="module")
+def tiny_builds(tmp_path_factory) -> tuple[str, str]:
+    """The tiny target built twice, in two separate caches (the determinism check needs both)."""
+    a = demo.ensure_demo_target("tiny", seed=0, cache=str(tmp_path_factory.mktemp("cache_a")))
+    b = demo.ensure_demo_target("tiny", seed=0, cache=str(tmp_path_factory.mktemp("cache_b")))
+    return a, b
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    assert demo.cache_dir() == str(tmp_path)
+    monkeypatch.delenv("SELFSPEC_CACHE")
+    assert demo.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "selfspec")
+
+
+def test_stdlib_split_disjoint_and_clean():
+    train, heldout = demo.stdlib_files("train"), demo.stdlib_files("heldout")
+    assert train and heldout
+    assert not set(train) & set(heldout)
+    assert train == sorted(train, key=demo._relpath) and train == demo.stdlib_files("train")
+    assert 0.01 < len(heldout) / (len(train) + len(heldout)) < 0.15
+    for path in train + heldout:
+        parts = demo._relpath(path).split("/")
+        assert path.endswith(".py")
+        assert not {"test", "tests", "idle_test", "site-packages"} & set(parts), path
+    with pytest.raises(ValueError):
+        demo.stdlib_files("test")  # type: ignore[arg-type]
+
+
+def test_lr_schedule():
+    spec = demo.SPECS["tiny"]
+    lrs = [demo.lr_at(s, spec) for s in range(spec.steps)]
+    assert lrs[spec.warmup_steps - 1] == pytest.approx(spec.lr)
+    assert max(lrs) == pytest.approx(spec.lr)
+    assert lrs[-1] >= spec.min_lr_ratio * spec.lr and lrs[-1] < 0.2 * spec.lr
+
+
+def test_tiny_target_loads_offline(tiny_builds):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_builds[0]
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "demo_info.json",
+    ):
+        assert os.path.isfile(os.path.join(path, name)), name
+    assert not [n for n in os.listdir(os.path.dirname(path)) if ".tmp-" in n]  # no leftover temp dirs
+    with open(os.path.join(path, "demo_info.json")) as f:
+        info = json.load(f)
+    assert info["size"] == "tiny" and info["layers"] == 2 and info["tokens_trained"] > 0
+    assert info["heldout_loss"] < 6.0  # below uniform over 512 tokens (6.24): it learned something
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.dtype == torch.float32
+    assert model.config.vocab_size == len(tok)
+    assert model.generation_config.eos_token_id == tok.eos_token_id == model.config.eos_token_id
+    ids = tok("def add(a, b):\n    return a + b\n", return_tensors="pt")["input_ids"]
+    assert ids[0, 0].item() == tok.bos_token_id
+    assert tok.decode(ids[0], skip_special_tokens=True) == "def add(a, b):\n    return a + b\n"
+    out = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, ids.shape[1] + 5) or out[0, -1].item() == tok.eos_token_id
+
+
+def test_tiny_chat_template(tiny_builds):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_builds[0])
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "def f():\n"},
+        {"role": "assistant", "content": "    return 1\n"},
+    ]
+    text = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
+    assert text == "<s><|system|>Be brief.<|end|>\n<|user|>def f():\n<|end|>\n<|assistant|>"
+    assert not tok.apply_chat_template(msgs[:2], tokenize=False).endswith("<|assistant|>")
+    ids = tok.apply_chat_template(msgs[:2], add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids[-1] == tok.convert_tokens_to_ids("<|assistant|>")
+    for special in ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"):
+        assert len(tok(special, add_special_tokens=False)["input_ids"]) == 1, special
+    # The assistant mask covers the assistant's content and its <|end|>, nothing of the prompt.
+    full = tok.apply_chat_template(msgs, return_dict=True, return_assistant_tokens_mask=True)
+    mask, ids = full["assistant_masks"], full["input_ids"]
+    assistant = [t for t, m in zip(ids, mask, strict=True) if m]
+    assert tok.decode(assistant) == "    return 1\n<|end|>"
+    with pytest.raises(Exception, match="unsupported role"):
+        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+
+
+def test_tiny_build_deterministic(tiny_builds):
+    a, b = tiny_builds
+    wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    with open(os.path.join(a, "tokenizer.json")) as fa, open(os.path.join(b, "tokenizer.json")) as fb:
+        assert fa.read() == fb.read()
+
+
+def test_cached_reuse_and_force(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        demo,
+        "_spawn_build",
+        lambda out, size, seed: calls.append(out) or open(os.path.join(out, "x"), "w").close(),
+    )
+    p1 = demo.ensure_demo_target("tiny", seed=3, cache=str(tmp_path))
+    p2 = demo.ensure_demo_target("tiny", seed=3, cache=str(tmp_path))
+    assert p1 == p2 == os.path.join(str(tmp_path), "demo-target-tiny-s3") and len(calls) == 1
+    demo.ensure_demo_target("tiny", seed=3, cache=str(tmp_path), force=True)
+    assert len(calls) == 2 and os.path.isfile(os.path.join(p1, "x"))
+    assert sorted(os.listdir(tmp_path)) == [".demo-target-tiny-s3.lock", "demo-target-tiny-s3"]
+
+
+def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
+    def boom(out, size, seed):
+        open(os.path.join(out, "config.json"), "w").close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "_spawn_build", boom)
+    with pytest.raises(KeyboardInterrupt):
+        demo.ensure_demo_target("tiny", cache=str(tmp_path))
+    assert os.listdir(tmp_path) == [".demo-target-tiny-s0.lock"]
+
+
+def test_demo_data(tmp_path):
+    files = demo.ensure_demo_data("tiny", seed=0, cache=str(tmp_path))
+    assert set(files) == {"train", "eval", "prompts"}
+    rows = {}
+    for split, path in files.items():
+        with open(path) as f:
+            rows[split] = [json.loads(line)["text"] for line in f]
+        assert rows[split] and all(t.strip() for t in rows[split]), split
+    assert len(rows["train"]) == demo.DATA_ROWS["tiny"][0]
+    assert not set(rows["train"]) & set(rows["eval"])
+    assert all(t.startswith(("def ", "async def ", "@")) for t in rows["prompts"])
+    assert not any(t.endswith("\n") for t in rows["prompts"])  # a bare trailing newline reads as end-of-file
+    # Prompts come from held-out files: each signature line is in one of them.
+    heldout = "".join(demo._read(p) for p in demo.stdlib_files("heldout"))
+    for prompt in rows["prompts"]:
+        header = next(line for line in prompt.split("\n") if line.startswith(("def ", "async def ")))
+        assert header in heldout, header
+    assert demo.ensure_demo_data("tiny", seed=0, cache=str(tmp_path)) == files  # cached
