@@ -1,0 +1,291 @@
+"""Run configuration: validated dataclasses, YAML recipes and dotted command-line overrides.
+
+A run is described by one `RunConfig`:
+
+    target:  which frozen causal LM the heads graft onto        (`TargetConfig`)
+    heads:   which head type and its hyper-parameters            (`HeadsConfig`)
+    data:    where the training text comes from                  (`train.data.DataConfig`)
+    train:   optimisation, evaluation, logging and checkpoints   (`TrainConfig`)
+    + output_dir, resume, report_to, wandb_project, run_name
+
+`load_config(path, overrides)` layers, in order: the dataclass defaults, the YAML file, then the
+``key=value`` overrides (``train.lr=1e-3 output_dir=out/x``), all through OmegaConf structured
+configs, so an unknown key or a value of the wrong type is an error that names the key. Every
+dataclass checks its values in ``__post_init__`` and raises ``ValueError`` with a helpful message.
+
+The names ``demo`` and ``demo-tiny`` (target and data path) stand for the project's own small
+target and corpus, built locally and cached on first use (`train.demo`); `resolve_demo` turns them
+into real paths. Loading a config never builds anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from train.data import DataConfig
+
+DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+REPORT_TO = ("none", "wandb")
+# Head types the training loop knows how to compute a loss for (see train/losses.py).
+TRAINABLE_HEADS = ("medusa",)
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target LM. ``name_or_path``: a Hub id, a local directory, ``demo`` or ``demo-tiny``."""
+
+    name_or_path: str = "demo"
+    revision: str | None = None
+    dtype: str = "auto"  # "auto" keeps the dtype stored with the model; or bf16 / fp16 / fp32
+    attn_implementation: str | None = None  # None = transformers' default (sdpa); or "eager", ...
+
+    def __post_init__(self) -> None:
+        if not self.name_or_path:
+            raise ValueError("target.name_or_path is empty: give a Hub id, a local model directory or 'demo'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"target.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+
+
+@dataclass
+class HeadsConfig:
+    """Which draft heads to train.
+
+    ``type`` picks the head family from the registry in `heads.base`. ``num_heads``, ``num_layers``
+    and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
+    that name); ``options`` holds any further keyword of the head type's config class (e.g. EAGLE's
+    fields), so new head types need no change here.
+    """
+
+    type: str = "medusa"
+    num_heads: int = 4  # Medusa: head k predicts token t+2+k
+    num_layers: int = 1  # residual blocks per head
+    lm_head: str = "target"  # "target": reuse the frozen target lm_head; "own": a trainable copy per head
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.head_config_cls()
+        self.head_kwargs()  # validates every value by building a config of that head type
+
+    def head_config_cls(self) -> type:
+        import heads  # noqa: F401  (importing the package registers every head type)
+        from heads.base import REGISTRY
+
+        if self.type not in REGISTRY:
+            raise ValueError(f"heads.type {self.type!r} is unknown; known head types: {sorted(REGISTRY)}")
+        if self.type not in TRAINABLE_HEADS:
+            raise ValueError(
+                f"training {self.type!r} heads is not implemented yet; trainable: {list(TRAINABLE_HEADS)}"
+            )
+        return REGISTRY[self.type][0]
+
+    def head_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the head type's config class (the target's sizes are added later)."""
+        cls = self.head_config_cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(HeadsConfig):
+            if f.name in ("type", "options"):
+                continue
+            value = getattr(self, f.name)
+            if f.name in names:
+                kwargs[f.name] = value
+            elif value != f.default:
+                raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
+        reserved = {"hidden_size", "vocab_size", "base_model_name_or_path"}
+        bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
+        if bad:
+            valid = sorted(names - reserved - set(kwargs))
+            raise ValueError(
+                f"heads.options has keys {bad} that {self.type!r} heads do not take; "
+                + (f"valid: {valid}" if valid else f"{self.type!r} heads take no extra options")
+            )
+        kwargs.update(self.options)
+        try:
+            cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"heads: {e}") from None
+        return kwargs
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, evaluation, logging and checkpointing. Steps are optimizer steps."""
+
+    lr: float = 1e-3  # peak learning rate (AdamW)
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_ratio: float = 0.1  # linear warm-up over this fraction of the steps, then cosine to 0
+    num_epochs: int = 1
+    max_steps: int = -1  # > 0: stop after this many optimizer steps (overrides num_epochs)
+    batch_size: int = 8  # sequences per process per micro-batch
+    eval_batch_size: int | None = None  # None = batch_size
+    grad_accum: int = 1  # micro-batches per optimizer step
+    grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
+    decay: float = 0.8  # head k's loss is weighted by decay**k
+    seed: int = 0  # seeds the heads' init and the data order
+    mixed_precision: str = (
+        "auto"  # "auto" (bf16 on a bf16 GPU, else what the launcher says, else fp32) | no | bf16 | fp16
+    )
+    eval_every: int = 100  # evaluate every N steps (0 = only at the end)
+    save_every: int = 100  # checkpoint every N steps (0 = no intermediate checkpoints)
+    log_every: int = 10  # log the training loss every N steps
+    save_total_limit: int = 2  # keep the newest N checkpoints (0 = keep all)
+    num_workers: int = 0  # dataloader worker processes
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"train.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            problems.append(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            problems.append(f"train.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if not 0 <= self.warmup_ratio < 1:
+            problems.append(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.num_epochs < 1:
+            problems.append(f"train.num_epochs must be >= 1, got {self.num_epochs}")
+        if self.max_steps == 0 or self.max_steps < -1:
+            problems.append(
+                f"train.max_steps must be > 0, or -1 to train for num_epochs; got {self.max_steps}"
+            )
+        for name in ("batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) < 1:
+                problems.append(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            problems.append(f"train.eval_batch_size must be >= 1 or null, got {self.eval_batch_size}")
+        for name in ("grad_clip", "eval_every", "save_every", "save_total_limit", "num_workers"):
+            if getattr(self, name) < 0:
+                problems.append(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.decay <= 1:
+            problems.append(f"train.decay must be in (0, 1], got {self.decay}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            problems.append(
+                f"train.mixed_precision must be one of {', '.join(MIXED_PRECISION)}; got {self.mixed_precision!r}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs; `load_config` builds it from YAML + overrides."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    heads: HeadsConfig = field(default_factory=HeadsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str = "out/medusa"  # final heads here; checkpoints under output_dir/checkpoints/step-N
+    resume: str | None = None  # None: start fresh; "auto": latest checkpoint in output_dir if any; or a path
+    report_to: str = "none"  # "none" | "wandb"
+    wandb_project: str = "selfspec"
+    run_name: str | None = None  # wandb run name (None = wandb picks one)
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ValueError("output_dir is empty")
+        if self.report_to not in REPORT_TO:
+            raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}; got {self.report_to!r}")
+        if (
+            self.resume is not None
+            and self.resume != "auto"
+            and not os.path.isdir(os.path.expanduser(self.resume))
+        ):
+            raise FileNotFoundError(
+                f"resume: checkpoint directory not found: {self.resume!r} (use 'auto' or null)"
+            )
+
+
+def _config_error(e: Exception) -> ValueError:
+    """Turn an OmegaConf error (multi-line, internal) into one line naming the key."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    key = getattr(e, "full_key", None) or ""
+    msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
+    if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
+        parent, _, leaf = key.rpartition(".")
+        known = _known_keys(parent)
+        hint = difflib.get_close_matches(leaf, known, n=1)
+        suggestion = f"; did you mean {(parent + '.' if parent else '') + hint[0]!r}?" if hint else ""
+        where = f" in {parent!r}" if parent else ""
+        return ValueError(f"unknown config key {key!r}{suggestion} (valid keys{where}: {', '.join(known)})")
+    return ValueError(f"bad config value for {key!r}: {msg}" if key else f"bad config: {msg}")
+
+
+def _known_keys(dotted: str) -> list[str]:
+    cls: Any = RunConfig
+    for part in filter(None, dotted.split(".")):
+        types = {f.name: f.default_factory for f in dataclasses.fields(cls)}
+        factory = types.get(part)
+        if factory is None or factory is dataclasses.MISSING or not dataclasses.is_dataclass(factory):
+            return []
+        cls = factory
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Defaults <- YAML file at ``path`` (optional) <- ``key=value`` overrides; returns a validated `RunConfig`.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (one line, naming the key) for an
+    unknown key, a value of the wrong type or a value that fails validation.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    layers = [OmegaConf.structured(RunConfig)]
+    if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config file not found: {path!r}")
+        try:
+            layers.append(OmegaConf.load(path))
+        except Exception as e:  # yaml errors come in several types
+            raise ValueError(f"{path} is not valid YAML: {e}") from None
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ValueError(f"overrides must look like key=value (e.g. train.lr=1e-3); got {bad}")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        # A __post_init__ ValueError raised inside OmegaConf arrives wrapped; unwrap it.
+        cause = e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else None
+        if cause is not None and not isinstance(cause, OmegaConfBaseException):
+            raise cause from None
+        raise _config_error(e) from None
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """Plain nested dict of the config (for logging and for the copy saved next to the heads)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def resolve_demo(cfg: RunConfig, cache: str | None = None) -> RunConfig:
+    """Replace ``demo``/``demo-tiny`` target and data names by local paths, building them on first use.
+
+    Returns a new `RunConfig`; ``cfg`` is not modified. Call it on the main process first (building the
+    demo target takes a while and writes to a shared cache).
+    """
+    target, data = cfg.target, cfg.data
+    if target.name_or_path in DEMO_NAMES:
+        from train.demo import ensure_demo_target
+
+        path = ensure_demo_target(DEMO_NAMES[target.name_or_path], cache=cache)
+        target = dataclasses.replace(target, name_or_path=path)
+    if data.path in DEMO_NAMES:
+        from train.demo import ensure_demo_data
+
+        files = ensure_demo_data(DEMO_NAMES[data.path], cache=cache)
+        data = dataclasses.replace(data, path=files["train"], eval_path=data.eval_path or files["eval"])
+    return dataclasses.replace(cfg, target=target, data=data)
