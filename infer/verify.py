@@ -61,10 +61,15 @@ def accept_greedy(logits: Tensor, tree: DraftTree) -> Acceptance:
 def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Sample one index from unnormalised non-negative weights [..., V] without a host sync.
 
-    Exponential-race trick: argmax_v w_v / E_v with E_v ~ Exp(1) picks v with probability w_v / Σw.
+    Inverse-CDF in float64: with t = u · Σw, u ~ U(0, 1], return the first v whose cumulative weight
+    reaches t. That has probability w_v / Σw, and a zero-weight entry is never returned. float64 keeps
+    tiny probabilities from rounding away in the running sum over a large vocabulary.
     """
-    e = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
-    return (probs.float() / e).argmax(-1)
+    cdf = probs.double().cumsum(-1)
+    u = 1.0 - torch.rand(
+        (*probs.shape[:-1], 1), dtype=torch.float64, device=probs.device, generator=generator
+    )
+    return (cdf < u * cdf[..., -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Acceptance:

@@ -32,8 +32,8 @@ DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
-# Head types the training loop knows how to compute a loss for (see train/losses.py).
-TRAINABLE_HEADS = ("medusa",)
+# Head types the training loop knows how to compute a loss for (`train.train_heads.batch_loss`).
+TRAINABLE_HEADS = ("medusa", "eagle", "eagle3")
 
 
 @dataclass
@@ -58,8 +58,10 @@ class HeadsConfig:
 
     ``type`` picks the head family from the registry in `heads.base`. ``num_heads``, ``num_layers``
     and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
-    that name); ``options`` holds any further keyword of the head type's config class (e.g. EAGLE's
-    fields), so new head types need no change here.
+    that name); ``options`` holds any further keyword of the head type's config class, so new head
+    types need no change here. EAGLE-1/2 (``type: eagle``): ``w_reg``, ``w_cls``, ``noise``, ``bias``.
+    EAGLE-3 (``type: eagle3``): ``draft_vocab_size``, ``ttt_steps``, ``step_weight``, ``noise``,
+    ``aux_layer_ids``. The target's sizes and config are filled in from the target itself.
     """
 
     type: str = "medusa"
@@ -97,7 +99,7 @@ class HeadsConfig:
                 kwargs[f.name] = value
             elif value != f.default:
                 raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
-        reserved = {"hidden_size", "vocab_size", "base_model_name_or_path"}
+        reserved = {"hidden_size", "vocab_size", "base_model_name_or_path", "target_config"}
         bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
         if bad:
             valid = sorted(names - reserved - set(kwargs))
@@ -127,7 +129,7 @@ class TrainConfig:
     eval_batch_size: int | None = None  # None = batch_size
     grad_accum: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
-    decay: float = 0.8  # head k's loss is weighted by decay**k
+    decay: float = 0.8  # Medusa: head k's loss is weighted by decay**k (EAGLE-3: heads.options.step_weight)
     seed: int = 0  # seeds the heads' init and the data order
     mixed_precision: str = (
         "auto"  # "auto" (bf16 on a bf16 GPU, else what the launcher says, else fp32) | no | bf16 | fp16

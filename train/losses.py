@@ -99,3 +99,13 @@ def medusa_loss(
         "count": count,
     }
     return loss, metrics
+
+
+def simulated_accept_length(top1: Tensor) -> Tensor:
+    """τ of a chain draft from per-position top-1 accuracies: ``1 + Σ_k Π_{j<=k} top1_j``.
+
+    top1: [K], position k's top-1 accuracy (Medusa head k, EAGLE TTT step k). The product treats the
+    positions' hits as independent, so this estimates the acceptance length of a greedy chain of K
+    drafts, counting the bonus token (τ = tokens per target forward, DESIGN §7).
+    """
+    return 1 + torch.cumprod(top1.double(), 0).sum()

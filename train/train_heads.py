@@ -1,19 +1,25 @@
 """Train draft heads on a frozen target LM: setup -> fit -> validate -> save.
 
     python train/train_heads.py --config configs/demo-medusa.yaml [key=value ...] [--resume]
+    python train/train_heads.py --config configs/demo-eagle3.yaml --features DIR   # offline features
     accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml train/train_heads.py \
         --config configs/demo-medusa.yaml
     # on CPU add: DS_ACCELERATOR=cpu ... accelerate launch ... --num_processes 2
 
 The target is frozen and stays outside accelerate/DeepSpeed: it is moved to the device and run under
-``torch.no_grad()`` to get its last post-norm hidden state; only the heads, their optimizer and the
-dataloaders are prepared. One optimizer step = ``train.grad_accum`` micro-batches of
-``train.batch_size`` sequences on each process.
+``torch.no_grad()`` to get its last post-norm hidden state (EAGLE-3: three layer inputs and all logits);
+only the heads, their optimizer and the dataloaders are prepared. The config's ``heads.type`` (medusa,
+eagle, eagle3) picks the loss (`batch_loss`); everything else is shared. With ``--features DIR``
+(written by ``scripts/dump_features.py``) the training batches carry those target outputs and the
+target only runs for the held-out eval (it still provides the embedding and lm_head). One optimizer
+step = ``train.grad_accum`` micro-batches of ``train.batch_size`` sequences on each process.
 
 Output layout (``output_dir``):
-    config.json, model.safetensors   the trained heads (`heads.base.load_heads` reads them)
+    config.json, model.safetensors   the heads of the eval with the best simulated acceptance length τ
+                                     (`heads.base.load_heads` reads them; the last eval's if no eval data)
     train_config.yaml                the full resolved run config
-    eval_results.json                the final held-out metrics
+    eval_results.json                that eval's held-out metrics (+ ``last``: the final step's)
+    best/                            during the run only: a copy of the best intermediate heads
     metrics.jsonl                    every logged train/eval record
     checkpoints/step-N/              `accelerator.save_state` + trainer_state.json, written atomically
 """
@@ -45,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
-from train.losses import medusa_loss, medusa_stats
+from train.losses import medusa_loss, simulated_accept_length
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -72,6 +78,9 @@ class Run:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of the current epoch already consumed
     best_eval_loss: float = math.inf
+    # The best simulated acceptance length τ seen in eval and its step: `save_final` keeps those heads.
+    best_accept_length: float = -math.inf
+    best_step: int | None = None
 
     @property
     def is_main(self) -> bool:
@@ -159,7 +168,7 @@ def outside_zero3_init(plugin):
         plugin.set_deepspeed_weakref()
 
 
-def setup(cfg: RunConfig) -> Run:
+def setup(cfg: RunConfig, features: str | None = None) -> Run:
     """Build and check everything before the first step: target, tokenizer, data, heads, optimizer."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
@@ -187,6 +196,14 @@ def setup(cfg: RunConfig) -> Run:
         return resolved, tok, *build_datasets(resolved.data, tok, seed=tcfg.seed)
 
     cfg, tokenizer, train_ds, eval_ds = main_process_first(accelerator, load_inputs)
+    token_ds = train_ds  # tokenized rows (EAGLE-3 counts its draft vocab on them)
+    if features is not None:
+        train_ds = FeatureShards(features, cfg.heads.type)
+        if len(train_ds) != len(token_ds):
+            raise ValueError(
+                f"{features} holds {len(train_ds)} rows but the config's training set has {len(token_ds)}: "
+                "dump the features with the same data settings"
+            )
     name = cfg.target.name_or_path
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     if len(train_ds) == 0:
@@ -213,6 +230,9 @@ def setup(cfg: RunConfig) -> Run:
             )
         module_cls = REGISTRY[cfg.heads.type][1]
         heads = module_cls.for_target(target, **cfg.heads.head_kwargs()).float()
+    if cfg.heads.type == "eagle3" and heads.config.draft_vocab_size is not None:
+        # Every process counts the same dataset (cheap and deterministic), so all get the same map.
+        install_vocab_map(heads, token_ds, accelerator.print)
     trainable = [p for p in heads.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("these heads have no trainable parameter (num_layers=0 with lm_head=target?)")
@@ -222,7 +242,7 @@ def setup(cfg: RunConfig) -> Run:
         train_ds,
         batch_size=tcfg.batch_size,
         shuffle=True,
-        collate_fn=functools.partial(collate, pad_token_id=pad_id),
+        collate_fn=functools.partial(collate if features is None else collate_features, pad_token_id=pad_id),
         num_workers=tcfg.num_workers,
     )
     eval_dl = DataLoader(
@@ -280,54 +300,185 @@ def setup(cfg: RunConfig) -> Run:
 
 
 # ---------------------------------------------------------------------------------------------- model step
+#
+# Everything that depends on the head type is here: how many draft positions K it scores (Medusa head k,
+# EAGLE-3 TTT step k; EAGLE-1/2 has one), their loss weights, the target forward it needs, and
+# `batch_loss`. The loop, evaluation, checkpoints and logging only see ``(loss, metrics)``.
 
 
-def _target_kwargs(target: nn.Module) -> dict:
-    """Skip computing the target's full logits when its forward allows (we only need the hidden states)."""
-    params = inspect.signature(target.forward).parameters
-    kwargs = {"use_cache": False}
-    if "logits_to_keep" in params:
+def install_vocab_map(heads: nn.Module, train_ds, print_fn=print) -> None:
+    """EAGLE-3: the draft vocab = the ``draft_vocab_size`` most frequent training labels (loss_mask == 1)."""
+    from heads.eagle3 import build_vocab_map
+
+    V = heads.config.vocab_size
+    counts = torch.zeros(V, dtype=torch.long)
+    for i in range(len(train_ds)):
+        row = train_ds[i]
+        ids = torch.as_tensor(row["input_ids"], dtype=torch.long)
+        counts += torch.bincount(ids[torch.as_tensor(row["loss_mask"]).bool()], minlength=V)[:V]
+    d2t, t2d = build_vocab_map(counts, heads.config.draft_vocab_size)
+    heads.set_vocab_map(d2t.to(heads.d2t.device), t2d.to(heads.t2d.device))
+    covered = counts[t2d].sum().item() / max(counts.sum().item(), 1)
+    print_fn(
+        f"draft vocab: {d2t.numel()} of {V} target tokens, covering {100 * covered:.1f}% of training labels"
+    )
+
+
+def num_positions(cfg: Any) -> int:
+    """K, the draft positions scored per pair: Medusa heads, EAGLE-3 TTT steps, 1 for EAGLE-1/2."""
+    return {"medusa": lambda: cfg.num_heads, "eagle3": lambda: cfg.ttt_steps}.get(cfg.head_type, lambda: 1)()
+
+
+def position_weights(run: Run) -> list[float]:
+    """Weight of each position's loss in the total (what `batch_loss` sums)."""
+    cfg, K = run.head_config, num_positions(run.head_config)
+    if cfg.head_type == "medusa":
+        return [run.cfg.train.decay**k for k in range(K)]
+    if cfg.head_type == "eagle3":
+        return [cfg.step_weight**k for k in range(K)]
+    return [1.0]  # EAGLE-1/2: the position's loss already is w_reg * reg + w_cls * cls
+
+
+def position_name(run: Run) -> str:
+    return "head" if run.head_config.head_type == "medusa" else "step"
+
+
+def target_forward(run: Run, batch: dict[str, Tensor]):
+    """The frozen target over the batch (no grad): `heads.graft.TargetOutput`. EAGLE-3 reads its aux layers
+    and all its logits; the others only the last hidden state, so the target skips the full logits.
+    A batch of offline features (`collate_features`) already carries them."""
+    from heads.graft import TargetOutput, run_target
+
+    if "hidden" in batch or "aux" in batch:
+        aux = tuple(batch["aux"].chunk(3, dim=-1)) if "aux" in batch else ()
+        return TargetOutput(logits=batch.get("logits"), hidden=batch.get("hidden"), aux=aux)
+
+    kwargs: dict[str, Any] = {"use_cache": False}
+    if run.head_config.head_type == "eagle3":
+        kwargs["aux_layers"] = tuple(run.head_config.aux_layer_ids)
+    elif "logits_to_keep" in inspect.signature(run.target.forward).parameters:
         kwargs["logits_to_keep"] = 1
-    return kwargs
-
-
-def head_logits(run: Run, batch: dict[str, Tensor]) -> Tensor:
-    """Frozen target forward (no grad) -> hidden [B, T, H] -> heads -> logits [K, B, T, V]."""
-    from heads.graft import run_target
-
     with torch.no_grad():
-        hidden = run_target(
-            run.target, batch["input_ids"], batch["attention_mask"], **_target_kwargs(run.target)
-        ).hidden
-    dtype = next(run.accelerator.unwrap_model(run.heads).parameters()).dtype
-    return run.heads(hidden.to(dtype), run.lm_head)
+        return run_target(run.target, batch["input_ids"], batch["attention_mask"], **kwargs)
+
+
+def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Target forward + heads + loss for one batch.
+
+    Returns ``(loss, metrics)``: ``loss`` a scalar with gradient; ``metrics`` detached [K] tensors, one
+    entry per draft position: ``count`` (scored positions) and averages over them: ``loss`` (that
+    position's loss, unweighted), ``top1`` (+ ``top5`` for Medusa, ``loss_reg``/``loss_cls`` for EAGLE).
+    """
+    from heads.eagle import eagle_train_forward
+    from heads.eagle3 import eagle3_train_forward
+
+    ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    out = target_forward(run, batch)
+    kind = run.head_config.head_type
+    if kind == "medusa":
+        dtype = next(run.accelerator.unwrap_model(run.heads).parameters()).dtype
+        logits = run.heads(out.hidden.to(dtype), run.lm_head)  # [K, B, T, V]
+        return medusa_loss(logits, ids, lm, run.cfg.train.decay)
+    embed = run.target.get_input_embeddings()
+    if kind == "eagle":
+        loss, m = eagle_train_forward(run.heads, out, ids, am, lm, run.lm_head, embed)
+        keys = ("loss", "top1", "count", "loss_reg", "loss_cls")
+        return loss, {k: m[k].detach().float().reshape(1) for k in keys}
+    if kind == "eagle3":
+        loss, m = eagle3_train_forward(run.heads, out, ids, am, lm, out.logits, embed)
+        return loss, {"loss": m["loss_step"], "top1": m["top1"], "count": m["count"]}
+    raise ValueError(f"no training loss for {kind!r} heads")
+
+
+class FeatureShards(torch.utils.data.Dataset):
+    """The rows of a ``scripts/dump_features.py`` directory: dicts of ``input_ids``/``loss_mask`` [n] and the
+    stored target outputs ``hidden`` [n, H] / ``aux`` [n, 3H] / ``logits`` [n, V], read lazily per row."""
+
+    def __init__(self, directory: str, head_type: str) -> None:
+        path = os.path.join(directory, "meta.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is missing: write the features with scripts/dump_features.py")
+        with open(path) as f:
+            self.meta = json.load(f)
+        if self.meta["head_type"] != head_type:
+            raise ValueError(
+                f"{directory} holds features for {self.meta['head_type']!r} heads, not {head_type!r}"
+            )
+        n_shards = math.ceil(self.meta["rows"] / self.meta["shard_size"])
+        self.shards = [os.path.join(directory, f"shard-{s:05d}.safetensors") for s in range(n_shards)]
+        missing = [p for p in self.shards if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} feature shards missing (first {missing[0]}): rerun the dump"
+            )
+
+    def __len__(self) -> int:
+        return self.meta["rows"]
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        from safetensors import safe_open
+
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        s, r = divmod(i, self.meta["shard_size"])
+        with safe_open(self.shards[s], framework="pt") as f:
+            a, b = f.get_slice("offsets")[r : r + 2].tolist()
+            return {k: f.get_slice(k)[a:b] for k in f.keys() if k != "offsets"}
+
+
+def collate_features(rows: list[dict[str, Tensor]], pad_token_id: int) -> dict[str, Tensor]:
+    """`train.data.collate` for `FeatureShards` rows: the same ids and masks, plus the features right-padded
+    with zeros to [B, T, ...] (padded positions are never scored nor attended)."""
+    from train.data import collate
+
+    batch = collate(rows, pad_token_id=pad_token_id)
+    for key in ("hidden", "aux", "logits"):
+        if key in rows[0]:
+            batch[key] = torch.nn.utils.rnn.pad_sequence([r[key] for r in rows], batch_first=True)
+    return batch
+
+
+def _keep_rows(run: Run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Under several processes, accelerate pads the last eval batch with rows from the start of the set;
+    zero their loss mask so every held-out row counts once (`gather_for_metrics` says which are real)."""
+    acc = run.accelerator
+    if acc.num_processes == 1:
+        return batch
+    B = batch["input_ids"].shape[0]
+    mine = torch.arange(B, device=batch["input_ids"].device) + acc.process_index * B
+    keep = torch.isin(mine, acc.gather_for_metrics(mine))
+    return {**batch, "loss_mask": batch["loss_mask"] * keep[:, None].to(batch["loss_mask"].dtype)}
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, Any]:
-    """Held-out loss and per-head top-1/top-5 accuracy, exact across processes (duplicates from padding
-    the last batch are dropped by `gather_for_metrics`)."""
+    """Held-out loss, per-position accuracy and the simulated acceptance length τ, exact across processes.
+
+    Every metric is averaged over the scored positions of the whole held-out set (count-weighted sums,
+    reduced over processes); ``loss`` = Σ_k w_k · loss_k with `position_weights`, and
+    ``sim_accept_length`` = 1 + Σ_k Π_{j<=k} top1_j (`train.losses.simulated_accept_length`).
+    """
     run.heads.eval()
-    K = run.head_config.num_heads
-    totals = torch.zeros(K, 4, dtype=torch.float64)  # per head: loss_sum, top1, top5, count
+    names: list[str] | None = None
+    totals = None  # [M, K] float64: count, then count-weighted sums of every other metric
     for batch in run.eval_dl:
-        stats = medusa_stats(head_logits(run, batch), batch["input_ids"], batch["loss_mask"])  # [K, B] each
-        per_seq = torch.stack(
-            [stats["loss_sum"], stats["top1"], stats["topk"], stats["count"]], -1
-        )  # [K, B, 4]
-        per_seq = run.accelerator.gather_for_metrics(per_seq.transpose(0, 1).contiguous())  # [B_all, K, 4]
-        totals += per_seq.sum(0).double().cpu()
+        _, m = batch_loss(run, _keep_rows(run, batch))
+        names = names or ["count", *(k for k in m if k != "count")]
+        count = m["count"].double()
+        rows = torch.stack([count] + [m[k].double() * count for k in names[1:]])
+        totals = rows if totals is None else totals + rows
     run.heads.train()
-    n = totals[:, 3].clamp(min=1)
-    per_head_loss = totals[:, 0] / n
-    weights = torch.tensor([run.cfg.train.decay**k for k in range(K)], dtype=torch.float64)
-    return {
-        "loss": float((weights * per_head_loss).sum()),
-        "head_loss": per_head_loss.tolist(),
-        "top1": (totals[:, 1] / n).tolist(),
-        "top5": (totals[:, 2] / n).tolist(),
-        "count": totals[:, 3].long().tolist(),
+    totals = run.accelerator.reduce(totals, reduction="sum").cpu()
+    n = totals[0].clamp(min=1)
+    avg = {k: totals[i] / n for i, k in enumerate(names) if i > 0}
+    weights = torch.tensor(position_weights(run), dtype=torch.float64)
+    ev = {
+        "loss": float((weights * avg["loss"]).sum()),
+        "sim_accept_length": float(simulated_accept_length(avg["top1"])),
+        "head_loss": avg["loss"].tolist(),
+        "count": totals[0].long().tolist(),
     }
+    return ev | {k: v.tolist() for k, v in avg.items() if k != "loss"}
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -357,6 +508,8 @@ def _state(run: Run) -> dict[str, Any]:
         "epoch": run.epoch,
         "batches_in_epoch": run.batches_in_epoch,
         "best_eval_loss": run.best_eval_loss if math.isfinite(run.best_eval_loss) else None,
+        "best_accept_length": run.best_accept_length if math.isfinite(run.best_accept_length) else None,
+        "best_step": run.best_step,
         "total_steps": run.total_steps,
         "num_processes": run.accelerator.num_processes,
         "batch_size": run.cfg.train.batch_size,
@@ -408,6 +561,10 @@ def load_checkpoint(run: Run, path: str) -> None:
     run.accelerator.load_state(path)
     run.step, run.epoch, run.batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
     run.best_eval_loss = state["best_eval_loss"] if state["best_eval_loss"] is not None else math.inf
+    best = state.get("best_accept_length")
+    run.best_accept_length, run.best_step = (
+        (best, state["best_step"]) if best is not None else (-math.inf, None)
+    )
     if run.batches_in_epoch >= len(run.train_dl):  # saved on the last step of an epoch
         run.epoch, run.batches_in_epoch = run.epoch + 1, 0
     run.print(f"resumed from {path} at step {run.step} (epoch {run.epoch}, batch {run.batches_in_epoch})")
@@ -439,21 +596,58 @@ def log(run: Run, metrics: dict[str, float]) -> None:
             f.write(json.dumps({"step": run.step, **metrics}) + "\n")
 
 
-def eval_metrics(ev: dict[str, Any]) -> dict[str, float]:
-    out = {"eval/loss": ev["loss"]}
-    for k, (loss, t1, t5) in enumerate(zip(ev["head_loss"], ev["top1"], ev["top5"], strict=True)):
-        out |= {f"eval/head{k}_loss": loss, f"eval/head{k}_top1": t1, f"eval/head{k}_top5": t5}
+def eval_metrics(run: Run, ev: dict[str, Any]) -> dict[str, float]:
+    """eval/loss, eval/sim_accept_length and per position eval/{head,step}{k}_{loss,top1,...}."""
+    out = {"eval/loss": ev["loss"], "eval/sim_accept_length": ev["sim_accept_length"]}
+    pos = position_name(run)
+    for name, values in ev.items():
+        if isinstance(values, list) and name != "count":
+            key = "loss" if name == "head_loss" else name
+            out |= {f"eval/{pos}{k}_{key}": v for k, v in enumerate(values)}
     return out
 
 
-def run_eval(run: Run) -> dict[str, Any]:
+BEST = "best"  # output_dir/best: heads-only copy of the best-τ eval so far (removed when the run ends)
+
+
+def run_eval(run: Run, final: bool = False) -> dict[str, Any]:
+    """Evaluate, log, and keep the heads if their simulated acceptance length τ is the best so far (ties go
+    to the later step). An intermediate best is copied to ``output_dir/best``; the final eval's heads are
+    still in memory, so `save_final` needs no copy of them."""
     ev = evaluate(run)
     run.best_eval_loss = min(run.best_eval_loss, ev["loss"])
-    log(run, eval_metrics(ev))
+    log(run, eval_metrics(run, ev))
+    tau = ev["sim_accept_length"]
+    is_best = tau >= run.best_accept_length
+    if is_best:
+        run.best_accept_length, run.best_step = tau, run.step
+        if not final:
+            save_heads_copy(run, os.path.join(run.cfg.output_dir, BEST), {"step": run.step, **ev})
     run.print(
-        f"step {run.step}: eval loss {ev['loss']:.4f} | top-1 " + " ".join(f"{a:.3f}" for a in ev["top1"])
+        f"step {run.step}: eval loss {ev['loss']:.4f} | τ(sim) {tau:.3f}{' (best)' if is_best else ''} | "
+        f"top-1 " + " ".join(f"{a:.3f}" for a in ev["top1"])
     )
     return ev
+
+
+def rng_neutral(batches):
+    """Iterate ``batches`` without letting the data loader touch the global CPU RNG.
+
+    Starting a DataLoader iterator draws a seed from it. Keeping that draw out of the training RNG
+    stream (EAGLE's feature noise) makes a resumed run, whose iterator starts after the checkpoint's
+    RNG state is restored, draw the same noise as an uninterrupted one. (Shuffling has its own seeded
+    generator; worker processes, if any, get the same base seed every epoch.)
+    """
+    it = iter(batches)
+    while True:
+        rng = torch.get_rng_state()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        finally:
+            torch.set_rng_state(rng)
+        yield batch
 
 
 def fit(run: Run) -> None:
@@ -461,7 +655,9 @@ def fit(run: Run) -> None:
     from tqdm.auto import tqdm
 
     acc, tcfg = run.accelerator, run.cfg.train
-    K = run.head_config.num_heads
+    K = num_positions(run.head_config)
+    pos = position_name(run)
+    has_eval = len(run.eval_dl) > 0
     bar = tqdm(
         total=run.total_steps,
         initial=run.step,
@@ -469,7 +665,7 @@ def fit(run: Run) -> None:
         disable=not acc.is_main_process,
         dynamic_ncols=True,
     )
-    window = torch.zeros(1 + 2 * K, device=acc.device)  # loss, top1 [K], top5 [K] summed over micro-batches
+    window = torch.zeros(1 + K, device=acc.device)  # loss, top1 [K] summed over micro-batches
     window_n = 0
     grad_norm = None
     t0, last_logged = time.time(), run.step
@@ -480,18 +676,16 @@ def fit(run: Run) -> None:
             if run.batches_in_epoch
             else run.train_dl
         )
-        for batch in batches:
+        for batch in rng_neutral(batches):
             with acc.accumulate(run.heads):
-                loss, m = medusa_loss(
-                    head_logits(run, batch), batch["input_ids"], batch["loss_mask"], tcfg.decay
-                )
+                loss, m = batch_loss(run, batch)
                 acc.backward(loss)
                 if acc.sync_gradients and tcfg.grad_clip > 0:
                     grad_norm = acc.clip_grad_norm_(run.heads.parameters(), tcfg.grad_clip)
                 run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=True)
             run.batches_in_epoch += 1
-            window += torch.cat([loss.detach().float().view(1), m["top1"], m["top5"]]).to(window.device)
+            window += torch.cat([loss.detach().float().view(1), m["top1"].float()]).to(window.device)
             window_n += 1
             if not acc.sync_gradients:
                 continue
@@ -506,16 +700,26 @@ def fit(run: Run) -> None:
                     "train/lr": run.scheduler.get_last_lr()[0],
                     "train/epoch": run.epoch,
                 }
-                metrics |= {f"train/head{k}_top1": avg[1 + k].item() for k in range(K)}
+                metrics |= {f"train/{pos}{k}_top1": avg[1 + k].item() for k in range(K)}
+                metrics["train/sim_accept_length"] = float(simulated_accept_length(avg[1:]))
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)
                 metrics["train/steps_per_s"] = (run.step - last_logged) / max(time.time() - t0, 1e-9)
                 t0, last_logged = time.time(), run.step
                 log(run, metrics)
-                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{metrics['train/lr']:.2e}")
+                bar.set_postfix(
+                    loss=f"{metrics['train/loss']:.3f}",
+                    tau=f"{metrics['train/sim_accept_length']:.2f}",
+                    lr=f"{metrics['train/lr']:.2e}",
+                )
                 window.zero_()
                 window_n = 0
-            if tcfg.eval_every and run.step % tcfg.eval_every == 0 and run.step < run.total_steps:
+            if (
+                tcfg.eval_every
+                and run.step % tcfg.eval_every == 0
+                and run.step < run.total_steps
+                and has_eval
+            ):
                 run_eval(run)
             if tcfg.save_every and run.step % tcfg.save_every == 0:
                 save_checkpoint(run)
@@ -530,17 +734,20 @@ def fit(run: Run) -> None:
 # ---------------------------------------------------------------------------------------------- save
 
 
-def accuracy_table(ev: dict[str, Any]) -> str:
-    lines = ["head  predicts   loss    top-1   top-5   positions"]
-    for k, (loss, t1, t5, n) in enumerate(
-        zip(ev["head_loss"], ev["top1"], ev["top5"], ev["count"], strict=True)
-    ):
-        lines.append(f"{k:>4}  t+{k + 2:<7}  {loss:6.3f}  {100 * t1:5.1f}%  {100 * t5:5.1f}%  {n:>9}")
+def accuracy_table(ev: dict[str, Any], pos: str = "head") -> str:
+    """Per position: what it predicts (pair t predicts t+2+k), loss, top-1 (and top-5 for Medusa)."""
+    top5 = ev.get("top5") or [None] * len(ev["top1"])
+    lines = [f"{pos:>4}  predicts   loss    top-1   {'top-5   ' if ev.get('top5') else ''}positions"]
+    for k, (loss, t1, t5, n) in enumerate(zip(ev["head_loss"], ev["top1"], top5, ev["count"], strict=True)):
+        t5s = f"{100 * t5:5.1f}%  " if t5 is not None else ""
+        lines.append(f"{k:>4}  t+{k + 2:<7}  {loss:6.3f}  {100 * t1:5.1f}%  {t5s}{n:>9}")
+    lines.append(f"simulated acceptance length τ = 1 + Σ_k Π_(j<=k) top1_j = {ev['sim_accept_length']:.3f}")
     return "\n".join(lines)
 
 
-def save_final(run: Run, ev: dict[str, Any] | None) -> None:
-    """Write the heads (full weights, gathered under ZeRO-3) with the run config and final metrics."""
+def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None:
+    """Heads-only save of the current weights (gathered under ZeRO-3; every process calls this) into
+    ``directory``, written to a temporary sibling and renamed, with the run config and ``ev``."""
     from heads.base import REGISTRY, save_heads
 
     acc = run.accelerator
@@ -551,14 +758,63 @@ def save_final(run: Run, ev: dict[str, Any] | None) -> None:
         heads.load_state_dict(state)
         extra = {"train_config.yaml": to_yaml(run.cfg)}
         if ev is not None:
-            extra["eval_results.json"] = json.dumps({"step": run.step, **ev}, indent=2) + "\n"
-        save_heads(heads, run.cfg.output_dir, extra_files=extra)
+            extra["eval_results.json"] = json.dumps(ev, indent=2) + "\n"
+        if os.path.abspath(directory) == os.path.abspath(run.cfg.output_dir):
+            save_heads(heads, directory, extra_files=extra)  # files are replaced one by one, atomically
+        else:
+            tmp = os.path.join(os.path.dirname(directory), f".tmp-{os.path.basename(directory)}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_heads(heads, tmp, extra_files=extra)
+            shutil.rmtree(directory, ignore_errors=True)
+            os.replace(tmp, directory)
     acc.wait_for_everyone()
 
 
-def start(cfg: RunConfig) -> Run:
-    """Everything that can fail because of the user's input: setup, trackers, resume."""
-    run = setup(cfg)
+def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Write the *best* heads by simulated acceptance length τ to ``output_dir``, and return their eval.
+
+    Without eval data these are the last heads. If the final eval is the best (ties go to the later
+    step), the heads in memory are saved; otherwise the copy that `run_eval` kept in ``output_dir/best``
+    is. ``eval_results.json`` holds the chosen step's eval plus ``last`` (the final step's eval); the
+    last step's weights stay in the newest ``checkpoints/step-N`` when checkpoints are on.
+    ``output_dir/best`` is removed once the heads are in place.
+    """
+    from heads.base import REGISTRY, save_heads
+
+    acc = run.accelerator
+    best_dir = os.path.join(run.cfg.output_dir, BEST)
+    if ev is None or run.best_step == run.step:
+        best_ev = None if ev is None else {"step": run.step, **ev}
+        save_heads_copy(run, run.cfg.output_dir, None if ev is None else best_ev | {"last": best_ev})
+    else:
+        with open(os.path.join(best_dir, "eval_results.json")) as f:
+            best_ev = json.load(f)
+        if best_ev["step"] != run.best_step:
+            raise RuntimeError(
+                f"{best_dir} holds step {best_ev['step']}, but the best step is {run.best_step}"
+            )
+        if acc.is_main_process:
+            from safetensors.torch import load_file
+
+            heads = REGISTRY[run.head_config.head_type][1](run.head_config)
+            heads.load_state_dict(load_file(os.path.join(best_dir, "model.safetensors")))
+            extra = {
+                "train_config.yaml": to_yaml(run.cfg),
+                "eval_results.json": json.dumps(best_ev | {"last": {"step": run.step, **ev}}, indent=2)
+                + "\n",
+            }
+            save_heads(heads, run.cfg.output_dir, extra_files=extra)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        shutil.rmtree(best_dir, ignore_errors=True)
+    acc.wait_for_everyone()
+    return best_ev
+
+
+def start(cfg: RunConfig, features: str | None = None) -> Run:
+    """Everything that can fail because of the user's input: setup, trackers, resume. ``features``: a
+    ``scripts/dump_features.py`` directory to train from (None = run the target online)."""
+    run = setup(cfg, features)
     os.makedirs(run.cfg.output_dir, exist_ok=True)
     if run.cfg.report_to == "wandb":
         run.accelerator.init_trackers(
@@ -571,19 +827,21 @@ def start(cfg: RunConfig) -> Run:
 def finish(run: Run) -> dict[str, Any] | None:
     """fit -> validate -> save. Returns the final held-out metrics (None without eval data)."""
     fit(run)
-    ev = run_eval(run) if len(run.eval_dl) else None
-    save_final(run, ev)
+    ev = run_eval(run, final=True) if len(run.eval_dl) else None
+    best = save_final(run, ev)
     if ev is not None:
+        run.print(f"\nheld-out accuracy after {run.step} steps:\n{accuracy_table(ev, position_name(run))}")
         run.print(
-            f"\nheld-out accuracy after {run.step} steps (saved to {run.cfg.output_dir}):\n{accuracy_table(ev)}"
+            f"best simulated acceptance length τ {best['sim_accept_length']:.3f} at step {best['step']}: "
+            f"those heads are saved to {run.cfg.output_dir}"
         )
     run.accelerator.end_training()
     return ev
 
 
-def train(cfg: RunConfig) -> dict[str, Any] | None:
+def train(cfg: RunConfig, features: str | None = None) -> dict[str, Any] | None:
     """setup -> (resume) -> fit -> validate -> save."""
-    return finish(start(cfg))
+    return finish(start(cfg, features))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -597,6 +855,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="continue from the latest complete checkpoint in output_dir (same as resume=auto; "
         "resume=PATH picks a checkpoint directory)",
     )
+    p.add_argument(
+        "--features",
+        metavar="DIR",
+        help="train on target features written by scripts/dump_features.py (same config) instead of "
+        "running the target on every training batch; the held-out eval still runs it",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-3 output_dir=out/x")
     return p.parse_args(argv)
 
@@ -609,7 +873,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     # Input problems (config, target path, data, checkpoint) end in one line; set SELFSPEC_DEBUG=1 for the
     # traceback. Errors during training itself are bugs and keep theirs.
     try:
-        run = start(load_config(args.config, overrides))
+        run = start(load_config(args.config, overrides), args.features)
     except (DataError, *INPUT_ERRORS) as e:
         if os.environ.get("SELFSPEC_DEBUG"):
             raise
