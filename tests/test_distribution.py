@@ -333,9 +333,11 @@ def target_law(target, length: int, **warp) -> dict[tuple, float]:
 
 
 def sample_counts(
-    target, heads, tree, length: int, samples: int, seed: int, **warp
+    target, heads, tree, length: int, samples: int, seed: int, proposer=None, **warp
 ) -> tuple[Counter, list[int]]:
-    proposer = infer.SpecModel(target, heads).proposer(tree)
+    """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance.
+    ``proposer`` overrides the one built from ``heads`` and ``tree``."""
+    proposer = proposer or infer.SpecModel(target, heads).proposer(tree)
     g = torch.Generator().manual_seed(seed)
     kw = {
         "temperature": warp.get("temperature", 1.0),
@@ -424,27 +426,9 @@ def test_generate_detects_broken_acceptance(small_target, monkeypatch):
 
 
 def eagle_counts(target, heads, length: int, samples: int, seed: int, **warp) -> tuple[Counter, list[int]]:
-    """Like `sample_counts`, for dynamic-tree (EAGLE) heads: a small tree that fits the 6-token vocab."""
+    """`sample_counts` for dynamic-tree (EAGLE) heads, with a small tree that fits the 6-token vocab."""
     proposer = infer.SpecModel(target, heads).proposer(depth=3, draft_top_k=3, total_tokens=8)
-    g = torch.Generator().manual_seed(seed)
-    counts: Counter = Counter()
-    accepted: list[int] = []
-    for _ in range(samples):
-        out = speculative_generate(
-            target,
-            proposer,
-            PROMPT,
-            max_new_tokens=length,
-            do_sample=True,
-            acceptance="exact",
-            generator=g,
-            temperature=warp.get("temperature", 1.0),
-            top_k=warp.get("top_k") or 0,
-            top_p=warp.get("top_p", 1.0),
-        )
-        counts[tuple(out.sequences[0, PROMPT.shape[1] :].tolist())] += 1
-        accepted += out.stats.accepted_lengths
-    return counts, accepted
+    return sample_counts(target, heads, None, length, samples, seed, proposer=proposer, **warp)
 
 
 @pytest.mark.slow
