@@ -24,8 +24,14 @@ def tiny_config(arch: str, vocab_size: int = 96, hidden_size: int = 32, num_laye
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "gpt2":
         return tf.GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=4, n_positions=256, **common)
-    heads = dict(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    heads = dict(
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**heads, **common, rope_theta=10000.0 + 1000 * seed)
     if arch == "qwen2":
@@ -49,6 +55,15 @@ def tiny_model(arch: str, seed: int = 0, dtype=torch.float32, attn: str = "eager
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=dtype)
     model.config._name_or_path = f"tiny-random-{arch}"
     return model.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls run many times faster on one thread than on two busy cores; restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(params=ARCHS)

@@ -40,12 +40,7 @@ E2E_SAMPLES = 20_000  # end-to-end draws through infer.generate for the main cha
 PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 3 siblings at depth 1, 2 at depth 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------------------- statistics

@@ -25,13 +25,7 @@ from infer.eagle_draft import EagleProposer
 EAGLE_ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops on a shared 2-core machine: one thread avoids OpenMP spin contention (10x faster here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

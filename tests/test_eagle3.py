@@ -34,13 +34,7 @@ ARCHS = ["llama", "qwen3", "gemma2", "mistral", "phi3"]
 V, H, VD = 96, 32, 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops on a shared 2-core machine: one thread avoids OpenMP spin contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

@@ -31,13 +31,7 @@ PROMPT_LENS = (5, 11)
 GEN_LENS = (40, 23)  # new tokens for prompt 0 and prompt 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls are many times faster on one thread than on two busy cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prompt(i: int) -> torch.Tensor:

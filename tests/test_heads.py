@@ -22,14 +22,7 @@ from heads import (
     target_dims,
 )
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls are many times faster on one thread than on two busy cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _ids(vocab: int = 96, b: int = 2, t: int = 9, seed: int = 0) -> torch.Tensor:
