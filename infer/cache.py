@@ -14,14 +14,17 @@ def compact(cache, past_len: int, keep: Tensor) -> None:
     """Keep tree nodes ``keep`` ([n] long, node indices, root first) at slots past_len..past_len+n-1.
 
     cache: a transformers ``Cache`` whose layers hold ``keys``/``values`` of shape [B, H_kv, S, D]
-    with S = past_len + N + 1 after the verify forward. Works in place, one gather per layer.
+    with S = past_len + N + 1 after the verify forward. Works in place: the root (node 0) already sits
+    at slot past_len, so only the n-1 accepted drafts are gathered (one ``index_select`` and one copy
+    per layer and tensor); when nothing was accepted the cache is only truncated.
     """
     n = keep.shape[0]
-    src = keep + past_len
+    src = keep[1:] + past_len  # [n-1] the accepted drafts' current slots
     for layer in cache.layers:
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            t[:, :, past_len : past_len + n] = t.index_select(2, src)
+            if n > 1:
+                t[:, :, past_len + 1 : past_len + n] = t.index_select(2, src)
             setattr(layer, name, t[:, :, : past_len + n])
 
 

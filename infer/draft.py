@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
-from infer.tree import DraftTree, tree_buffers
+from infer.tree import DraftTree, TreeBuffers, tree_buffers, validate_paths
 
 
 class Proposer:
@@ -55,18 +55,29 @@ class MedusaProposer(Proposer):
     def __init__(self, heads: nn.Module, lm_head: nn.Module, tree: Sequence[Sequence[int]]) -> None:
         self.heads, self.lm_head = heads, lm_head
         self.tree = [list(p) for p in tree]
-        depth = max((len(p) for p in self.tree), default=0)
-        if depth > heads.config.num_heads:
+        self.depth = max((len(p) for p in self.tree), default=0)
+        if self.depth > heads.config.num_heads:
             raise ValueError(
-                f"tree depth {depth} needs {depth} Medusa heads, these heads have {heads.config.num_heads}"
+                f"tree depth {self.depth} needs {self.depth} Medusa heads, these heads have "
+                f"{heads.config.num_heads}"
             )
+        validate_paths(self.tree)  # fail at construction, not at the first step
         self.hidden: Tensor | None = None  # [H], last accepted position's post-norm state
+        self._buffers: dict[tuple[int, torch.device], TreeBuffers] = {}  # per depth limit, per device
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         self.hidden = out.hidden[0, -1]
 
+    def buffers(self, max_depth: int, device: torch.device) -> TreeBuffers:
+        """The tree cut to ``max_depth``; built once per cut (validating and hashing the paths every
+        step cost as much as the mask)."""
+        key = (min(max_depth, self.depth), device)
+        if key not in self._buffers:
+            self._buffers[key] = tree_buffers(self.tree, device, max_depth=key[0])
+        return self._buffers[key]
+
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
-        tb = tree_buffers(self.tree, root.device, max_depth=max_depth)
+        tb = self.buffers(max_depth, root.device)
         if not tb.paths:
             return root_only(root)
         feats = torch.stack([blk(self.hidden) for blk in self.heads.blocks[: tb.max_depth]])  # [D, H]

@@ -81,10 +81,23 @@ class EagleProposer(Proposer):
         self.pending_tokens: Tensor | None = None  # [m] x_{k+1} of pairs not yet run
         self.pending_feats: Tensor | None = None  # [m, H] f_k of those pairs ([m, 3H] for EAGLE-3)
         self.last_feat: Tensor | None = None  # [H] target feature of the last accepted token
+        self._const: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # `_constants`
 
     def _target_feats(self, hidden: Tensor, aux: tuple[Tensor, ...]) -> Tensor:
         """[..., H] last hidden state (EAGLE-1/2) or [..., 3H] cat of the aux states (EAGLE-3)."""
         return torch.cat(aux, dim=-1) if self.aux_layers else hidden
+
+    def _constants(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Built once per device and dtype: (the additive self-attention block [K, K], 0 on the diagonal and
+        ``finfo.min`` elsewhere; the depth of every candidate slot [K + (depth-1)·K²], in creation order)."""
+        key = (device, dtype)
+        if key not in self._const:
+            K = self.top_k
+            eye = torch.full((K, K), torch.finfo(dtype).min, dtype=dtype, device=device).fill_diagonal_(0)
+            sizes = torch.tensor([K] + [K * K] * (self.depth - 1), device=device)
+            depth = torch.arange(1, self.depth + 1, device=device).repeat_interleave(sizes)
+            self._const[key] = (eye, depth)
+        return self._const[key]
 
     def _target_ids(self, draft_ids: Tensor) -> Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
@@ -128,32 +141,34 @@ class EagleProposer(Proposer):
         logp = torch.log_softmax(head.logits(f_root, self.lm_head), -1)  # [V]
         top = logp.topk(K)
         top_tok = self._target_ids(top.indices)
-        device = root.device
+        device, dtype = root.device, head.fc.weight.dtype
+        eye, cand_depth = self._constants(device, dtype)
         # candidates, in creation order (a child is always created after its parent)
         cand_tok, cand_score = [top_tok], [top.values]
         cand_parent = [torch.full((K,), -1, dtype=torch.long, device=device)]
-        cand_depth = [torch.ones(K, dtype=torch.long, device=device)]
         n_cand = K
         # frontier: the K nodes to expand next
         f_cid = torch.arange(K, device=device)
         f_tok, f_score = top_tok, top.values
         f_feat = f_root.expand(K, -1)  # parent's predicted feature
-        f_anc = torch.zeros(K, 0, dtype=torch.bool, device=device)  # ancestors among cached tree nodes
-        eye = torch.eye(K, dtype=torch.bool, device=device)
-        dtype = head.fc.weight.dtype
-        neg = torch.finfo(dtype).min
+        # One additive mask for every expansion step, [K, C + (D-1)·K]: the committed prefix (always
+        # visible), then one K-column block per depth holding the frontier's tree nodes. Row j of the
+        # tree columns is frontier node j's ancestors plus itself, so the next frontier's rows are its
+        # parents' rows: one gather per depth instead of rebuilding the mask.
+        C = self.committed
+        mask = torch.full((K, C + (D - 1) * K), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[:, :C] = 0
         for d in range(1, D):
             # 2. one draft forward over the depth-d frontier
-            tree_part = torch.cat([f_anc, eye], 1)  # [K, d*K]
-            mask = torch.zeros(K, self.committed + tree_part.shape[1], dtype=dtype, device=device)
-            mask[:, self.committed :].masked_fill_(~tree_part, neg)
+            hi = C + d * K
+            mask[:, hi - K : hi] = eye  # each frontier node sees itself
             pos = torch.full((1, K), root_pos + d, dtype=torch.long, device=device)
             f_hat = head(
                 f_tok[None],
                 f_feat[None],
                 self.embed,
                 position_ids=pos,
-                attention_mask=mask[None, None],
+                attention_mask=mask[None, None, :, :hi],
                 cache=self.cache,
             )[0]  # [K, H]
             logp = torch.log_softmax(head.logits(f_hat, self.lm_head), -1)  # [K, V]
@@ -163,17 +178,18 @@ class EagleProposer(Proposer):
             cand_tok.append(tokens)
             cand_score.append(scores)
             cand_parent.append(f_cid.repeat_interleave(K))
-            cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.long, device=device))
+            n_cand += K * K
+            if d == D - 1:  # the deepest children are candidates only, never expanded
+                break
             best = scores.topk(K).indices  # [K] next frontier, as indices into this step's candidates
             pj = best // K  # their parents' frontier slots
-            f_cid = n_cand + best
+            f_cid = n_cand - K * K + best
             f_tok, f_score, f_feat = tokens[best], scores[best], f_hat[pj]
-            f_anc = torch.cat([f_anc[pj], eye[pj]], 1)  # [K, d*K]: parent's ancestors + the parent
-            n_cand += K * K
+            mask[:, C:hi] = mask[pj, C:hi]  # parent's ancestors + the parent
         self.cache.crop(-(self.cache.get_seq_length() - self.committed))  # drop the tree steps' KV
         # 3. rerank all candidates, keep the best total_tokens - 1
-        tok, score = torch.cat(cand_tok), torch.cat(cand_score)
-        parent, depth = torch.cat(cand_parent), torch.cat(cand_depth)
+        tok, score, parent = torch.cat(cand_tok), torch.cat(cand_score), torch.cat(cand_parent)
+        depth = cand_depth[:n_cand]
         n = min(self.total_tokens - 1, n_cand)
         keep = torch.sort(score, descending=True, stable=True).indices[:n].sort().values  # [n]
         slot = torch.zeros(n_cand, dtype=torch.long, device=device)

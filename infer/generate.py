@@ -10,6 +10,10 @@ One step (batch size 1):
 Greedy output is token-identical to ``target.generate(do_sample=False)``; sampled output (``acceptance=
 "exact"``) follows the target's warped distribution exactly. The only host sync per step is reading
 the accepted tokens back (needed to stop at EOS / ``max_new_tokens`` and to size the cache).
+
+``timing=True`` splits the wall-clock time into draft (the proposer), verify (target forwards) and
+bookkeeping (the rest: acceptance, cache compaction, mask building, streaming); on CUDA it synchronises
+around each section, so it is off by default to keep the loop at one host sync per step.
 """
 
 from __future__ import annotations
@@ -60,13 +64,21 @@ _UNSUPPORTED = {
 class GenerationStats:
     """accepted_lengths: tokens each verify step produced (accepted drafts + the bonus token), before
     truncation at EOS/max_new_tokens. ``mean_accepted_length`` (τ) counts the bonus token, as the
-    Medusa and EAGLE papers do. ``num_target_forwards`` counts the prefill too."""
+    Medusa and EAGLE papers do. ``num_target_forwards`` counts the prefill too.
+
+    With ``generate(..., timing=True)`` (else None): ``total_time_s`` is the whole call;
+    ``verify_time_s`` all target forwards, the prefill included; ``draft_time_s`` the proposer's
+    ``start``/``propose``/``advance``; ``bookkeeping_time_s`` = total - draft - verify (config, mask
+    building, acceptance, the host sync, cache compaction, streaming)."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     num_target_forwards: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    draft_time_s: float | None = None
+    verify_time_s: float | None = None
+    total_time_s: float | None = None
 
     @property
     def mean_accepted_length(self) -> float:
@@ -80,6 +92,12 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         t = self.prefill_s + self.decode_s
         return self.new_tokens / t if t > 0 else 0.0
+
+    @property
+    def bookkeeping_time_s(self) -> float | None:
+        if self.total_time_s is None:
+            return None
+        return self.total_time_s - (self.draft_time_s or 0.0) - (self.verify_time_s or 0.0)
 
 
 @dataclass
@@ -159,8 +177,10 @@ def speculative_generate(
     typical_delta: float = 0.3,
     generator: torch.Generator | None = None,
     attention_mask_2d: Tensor | None = None,
+    timing: bool = False,
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments."""
+    t_start = time.perf_counter()
     if acceptance not in ("exact", "typical"):
         raise ValueError(
             f"acceptance must be 'exact' (lossless) or 'typical' (Medusa, faster, lossy), got {acceptance!r}"
@@ -205,13 +225,23 @@ def speculative_generate(
     warp = _warpers(gc) if sampling else None
     text_cfg = target.config.get_text_config()
     stats = GenerationStats()
+    if timing:
+        stats.draft_time_s = stats.verify_time_s = 0.0
+    sync = torch.cuda.synchronize if timing and device.type == "cuda" else None
     new: list[int] = []
     if streamer is not None:
         streamer.put(input_ids.cpu())
     if limit == 0:
         if streamer is not None:
             streamer.end()
+        if timing:
+            stats.total_time_s = time.perf_counter() - t_start
         return GenerateOutput(input_ids.clone(), stats)
+
+    def tick() -> float:  # a section boundary; on CUDA with timing, wait for the queued kernels
+        if sync is not None:
+            sync()
+        return time.perf_counter()
 
     def probs_of(logits: Tensor) -> Tensor:  # [n, V] float32 warped probabilities
         return torch.softmax(warp(None, logits.float()), dim=-1)
@@ -229,12 +259,16 @@ def speculative_generate(
         return done
 
     # prefill
-    t0 = time.perf_counter()
+    t0 = tick()
+    draft_s = verify_s = 0.0
     cache = new_cache()
     out = run_target(target, input_ids, aux_layers=proposer.aux_layers, cache=cache, use_cache=True)
+    verify_s += tick() - t0
     last = out.logits[0, -1:].float()
     root = (sample_from(probs_of(last), generator) if sampling else last.argmax(-1))[0]
+    t_draft = tick()
     proposer.start(input_ids, out)
+    draft_s += tick() - t_draft
     stats.num_target_forwards = 1
     done = emit([int(root)])
     past = T
@@ -242,8 +276,11 @@ def speculative_generate(
     stats.prefill_s = t1 - t0
 
     while not done:
+        t_draft = tick()
         tree = proposer.propose(root, max_depth=limit - len(new) - 1)
+        draft_s += tick() - t_draft
         mask = attention_mask(tree.ancestors, tree.depth, past, target.dtype, text_cfg)
+        t_verify = tick()
         out = run_target(
             target,
             tree.tokens[None],
@@ -253,6 +290,7 @@ def speculative_generate(
             cache=cache,
             use_cache=True,
         )
+        verify_s += tick() - t_verify
         logits = out.logits[0]  # [N+1, V]
         if not sampling:
             acc = accept_greedy(logits, tree)
@@ -268,7 +306,9 @@ def speculative_generate(
         keep = acc.path[:n]
         compact(cache, past, keep)
         past += n
+        t_draft = tick()
         proposer.advance(tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
+        draft_s += tick() - t_draft
         stats.num_target_forwards += 1
         stats.accepted_lengths.append(n)
         done = emit(path_tokens[1:] + [bonus])
@@ -279,4 +319,7 @@ def speculative_generate(
     if streamer is not None:
         streamer.end()
     seq = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=device)], 1)
+    if timing:
+        stats.draft_time_s, stats.verify_time_s = draft_s, verify_s
+        stats.total_time_s = time.perf_counter() - t_start
     return GenerateOutput(seq, stats)

@@ -51,7 +51,9 @@ def _last_node(path: Tensor, length: Tensor) -> Tensor:
 
 def accept_greedy(logits: Tensor, tree: DraftTree) -> Acceptance:
     """logits: [N+1, V]. Node i is ok iff tokens[i] == argmax(logits[parent(i)])."""
-    pred = logits.argmax(-1)  # [N+1]
+    # max().indices is argmax (the first maximal index, as torch documents for both), but several times
+    # faster than argmax on bf16 CPU logits, where argmax was the largest cost of acceptance
+    pred = logits.max(-1).indices  # [N+1]
     ok = tree.tokens == pred[tree.parents.clamp(min=0)]
     ok[0] = True
     path, length = longest_path(ok, tree.retrieve)

@@ -22,7 +22,8 @@ from heads import MedusaHeads, run_target, save_heads
 from infer.cache import compact, new_cache
 from infer.draft import Proposer
 from infer.generate import speculative_generate
-from infer.tree import attention_mask, chain, tree_buffers
+from infer.tree import DraftTree, attention_mask, chain, tree_buffers
+from infer.verify import accept_greedy
 
 VOCAB = 96
 WIDE = [[k] for k in range(8)] + [[0, k] for k in range(4)] + [[0, 0, 0]]
@@ -532,3 +533,93 @@ def test_context_length_checked_before_any_forward(arch):
         handle.remove()
     ref = target.generate(prompt(1), do_sample=False, max_new_tokens=256 - PROMPT_LENS[1], pad_token_id=0)
     assert out.sequences.tolist() == ref.tolist()
+
+
+# ------------------------------------------------------------------------------------- hot path
+
+
+def test_greedy_acceptance_breaks_ties_like_argmax():
+    """`accept_greedy` reads the target's choice with ``max().indices`` (faster than ``argmax`` on bf16
+    CPU logits). bf16 logits tie often; the choice must be argmax's first maximal index, as in
+    ``target.generate``: drafts equal to it are all accepted, drafts equal to the *last* maximal
+    index are rejected where the two differ."""
+    tb = tree_buffers(WIDE)
+    n = tb.parents.shape[0]
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randint(0, 3, (n, VOCAB), generator=g).to(dtype)  # about 30 tied maxima per row
+        first = logits.argmax(-1)
+        last = VOCAB - 1 - logits.flip(-1).argmax(-1)
+        assert (first != last).all()
+
+        def tree(choice):
+            tokens = torch.cat([torch.tensor([7]), choice[tb.parents[1:]]])  # every draft = parent's choice
+            return DraftTree(tokens, tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before)
+
+        acc = accept_greedy(logits, tree(first))
+        assert int(acc.length) == int(tb.depth.max()) + 1  # the deepest path, all accepted
+        assert int(acc.next_token) == int(first[acc.path[int(acc.length) - 1]])
+        acc = accept_greedy(logits, tree(last))
+        assert int(acc.length) == 1 and int(acc.next_token) == int(first[0])
+
+
+@pytest.mark.parametrize("keep", [[0], [0, 1], [0, 2, 7], [0, 3, 4, 9]])
+def test_compact_keeps_exactly_the_path(keep):
+    """After `compact`, every layer holds the prefix and then the kept nodes' keys/values in path order
+    (the root stays in place; with only the root kept the cache is just truncated)."""
+    from transformers import DynamicCache
+
+    past, n_tree = 6, 10
+    g = torch.Generator().manual_seed(len(keep))
+    cache = DynamicCache()
+    full = []
+    for layer in range(2):
+        k, v = (torch.randn(1, 2, past + n_tree, 4, generator=g) for _ in range(2))
+        cache.update(k, v, layer)
+        full.append((k.clone(), v.clone()))
+    idx = torch.tensor(keep)
+    compact(cache, past, idx)
+    assert cache.get_seq_length() == past + len(keep)
+    for layer, (k, v) in zip(cache.layers, full, strict=True):
+        for got, ref in ((layer.keys, k), (layer.values, v)):
+            assert torch.equal(got, torch.cat([ref[:, :, :past], ref[:, :, past + idx]], 2))
+
+
+def test_timing_split():
+    """``timing=True`` attributes proposer time to draft and target forwards to verify (checked with
+    delays injected into each); off by default, where the fields are None; output unchanged."""
+    import time
+
+    from infer.draft import MedusaProposer
+
+    key, delay = ("llama",), 0.004
+    m = spec(key, "random")
+    target = m.target
+    ids = prompt(0)
+    plain = infer.generate(m, ids, max_new_tokens=20)
+    st = plain.stats
+    assert st.draft_time_s is None and st.verify_time_s is None and st.total_time_s is None
+    assert st.bookkeeping_time_s is None
+
+    class SlowProposer(MedusaProposer):
+        def propose(self, root, max_depth):
+            time.sleep(delay)
+            return super().propose(root, max_depth)
+
+    proposer = SlowProposer(m.heads, target.get_output_embeddings(), infer.default_tree(4))
+    handle = target.register_forward_pre_hook(lambda *a: time.sleep(delay))
+    try:
+        out = speculative_generate(target, proposer, ids, max_new_tokens=20, timing=True)
+    finally:
+        handle.remove()
+    assert torch.equal(out.sequences, plain.sequences)
+    st = out.stats
+    steps = len(st.accepted_lengths)
+    assert st.draft_time_s >= steps * delay
+    assert st.verify_time_s >= st.num_target_forwards * delay
+    assert st.draft_time_s + st.verify_time_s <= st.total_time_s
+    assert st.total_time_s >= st.prefill_s + st.decode_s
+    assert st.bookkeeping_time_s == pytest.approx(st.total_time_s - st.draft_time_s - st.verify_time_s)
+    # verify sleeps were not counted as draft time, nor draft sleeps as verify time
+    assert st.draft_time_s < st.total_time_s - st.num_target_forwards * delay
+    assert st.verify_time_s < st.total_time_s - steps * delay
