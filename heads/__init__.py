@@ -1,6 +1,7 @@
 """Draft heads grafted onto a frozen target LM. One file per head type; see `heads.base` for save/load."""
 
 from heads.base import REGISTRY, HeadConfig, load_heads, save_heads
+from heads.convert import EXPORT_FORMATS, export_heads, import_heads
 from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
 from heads.eagle3 import (
     Eagle3Config,
@@ -11,15 +12,18 @@ from heads.eagle3 import (
     eagle3_train_forward,
 )
 from heads.graft import TargetOutput, freeze, load_target, run_target, target_dims
+from heads.hub import HubMixin, push_heads_dir
 from heads.medusa import MedusaConfig, MedusaHeads
 
 __all__ = [
+    "EXPORT_FORMATS",
     "REGISTRY",
     "Eagle3Config",
     "Eagle3Head",
     "EagleConfig",
     "EagleHead",
     "HeadConfig",
+    "HubMixin",
     "MedusaConfig",
     "MedusaHeads",
     "TargetOutput",
@@ -29,9 +33,12 @@ __all__ = [
     "eagle3_train_forward",
     "eagle_loss",
     "eagle_train_forward",
+    "export_heads",
     "freeze",
+    "import_heads",
     "load_heads",
     "load_target",
+    "push_heads_dir",
     "run_target",
     "save_heads",
     "target_dims",

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from heads.base import HeadConfig, register
 from heads.graft import TargetOutput
+from heads.hub import HubMixin
 
 # What the decoder layer calls its KV-cache argument, newest transformers first.
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
@@ -193,7 +194,7 @@ def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
     return logits if not cap else torch.tanh(logits / cap) * cap
 
 
-class EagleHead(nn.Module):
+class EagleHead(HubMixin, nn.Module):
     """``fc`` + one decoder layer of the target's architecture; see the module docstring."""
 
     def __init__(self, config: EagleConfig) -> None:

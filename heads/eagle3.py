@@ -62,6 +62,7 @@ from heads.eagle import (
     validate_target_config,
 )
 from heads.graft import TargetOutput
+from heads.hub import HubMixin
 
 ATTN_IMPLEMENTATION = "selfspec_eagle3"
 _QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
@@ -275,7 +276,7 @@ class _FusedInput(nn.Module):
         return torch.cat([self.head.input_norm(self.emb), self.head.hidden_norm(g)], dim=-1)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(HubMixin, nn.Module):
     """``fc`` + one widened decoder layer of the target's architecture + own norm and lm_head; see the
     module docstring."""
 

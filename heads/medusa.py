@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.base import HeadConfig, register
+from heads.hub import HubMixin
 
 
 @dataclass
@@ -51,7 +52,7 @@ class ResBlock(nn.Module):
         return h + nn.functional.silu(self.linear(h))
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(HubMixin, nn.Module):
     """K Medusa heads. ``forward(hidden, lm_head) -> logits [K, *hidden.shape[:-1], V]``."""
 
     def __init__(self, config: MedusaConfig) -> None:

@@ -82,6 +82,7 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     assert all("train/sim_accept_length" in r for r in records if "train/loss" in r)
 
     assert sorted(os.listdir(out)) == [
+        "README.md",
         "config.json",
         "eval_results.json",
         "metrics.jsonl",

@@ -1,0 +1,574 @@
+"""Hugging Face Hub round trip for head checkpoints: save, load by Hub id, push, and the model card.
+
+Every head module (`heads.medusa.MedusaHeads`, `heads.eagle.EagleHead`, `heads.eagle3.Eagle3Head`) mixes
+in `HubMixin`:
+
+    heads.save_pretrained("out/my-heads")                    # config.json + model.safetensors + README.md
+    heads = MedusaHeads.from_pretrained("org/my-heads", revision="v1", target=target)
+    heads.push_to_hub("org/my-heads", private=True)          # token: `hf auth login`, HF_TOKEN or token=
+
+The checkpoint format is `heads.base.save_heads`' (it is not `PyTorchModelHubMixin`'s, whose config.json
+holds constructor kwargs): the head type, its hyper-parameters and the target's sizes, so one loader
+(`heads.base.load_heads`, used by ``infer.load``) reads every head type. Loading a Hub id goes through
+``snapshot_download`` into the standard HF cache, so ``HF_HUB_OFFLINE=1`` works from that cache, and
+pushing goes through ``HfApi.create_repo`` + ``HfApi.create_commit`` with the exact list of files from
+`upload_files` (heads, card, eval results, run config, a PEFT ``adapter/``; never optimizer state or
+training checkpoints).
+
+`push_heads_dir` uploads a directory written by training (``train/train_heads.py`` calls it when
+``push_to_hub: true``); from the shell: ``python heads/hub.py push out/demo-medusa your-name/demo-medusa``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: import from the repo root, not from heads/
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        sys.path[0] = _root
+    else:
+        sys.path.insert(0, _root)
+
+from torch import nn
+
+from heads.base import CONFIG_NAME, REGISTRY, WEIGHTS_NAME, _atomic_write, load_heads, read_config, save_heads
+
+CARD_NAME = "README.md"
+EVAL_NAME = "eval_results.json"
+TRAIN_CONFIG_NAME = "train_config.yaml"
+ADAPTER_DIR = "adapter"  # a PEFT adapter of the target (adapter_config.json + adapter_model.safetensors)
+LIBRARY_NAME = "selfspec"
+# What a Hub download of heads fetches (as `heads.base.resolve_dir`): configs, weights, the card.
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.md", "medusa_lm_head.pt", "pytorch_model.bin"]
+# Never uploaded: training state (accelerate checkpoints, optimizer/scheduler/RNG state, best-so-far copy,
+# staging and temporary files) and pickles; a heads checkpoint is safetensors + text only.
+IGNORE_PATTERNS = [
+    "checkpoints/*",
+    "best/*",
+    ".*",
+    "*/.*",
+    "*.pt",
+    "*.pth",
+    "*.bin",
+    "*.pkl",
+    "*.ckpt",
+    "optimizer*",
+    "scheduler*",
+    "random_states*",
+    "metrics.jsonl",
+]
+LOGIN_HINT = "run `hf auth login`, set the HF_TOKEN environment variable, or pass token="
+
+
+class MissingTokenError(ValueError):
+    """No Hugging Face token to push with (raised before any upload or training starts)."""
+
+
+# ---------------------------------------------------------------------------------------------- auth
+
+
+def resolve_token(token: str | None = None, repo_id: str | None = None) -> str:
+    """``token`` or the one huggingface_hub finds (HF_TOKEN, then the `hf auth login` token file).
+
+    Raises `MissingTokenError` naming the ways to provide one: pushing is checked at the start of a
+    training run with this, not hours later at the end.
+    """
+    import huggingface_hub
+
+    found = token or huggingface_hub.get_token()
+    if not found:
+        where = f" ({repo_id!r})" if repo_id else ""
+        raise MissingTokenError(f"pushing heads to the Hugging Face Hub{where} needs a token: {LOGIN_HINT}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def _head_type_of(module_cls: type) -> str | None:
+    for head_type, (_, cls) in REGISTRY.items():
+        if issubclass(cls, module_cls):
+            return head_type
+    return None
+
+
+def _is_hub_id(name: str | None) -> bool:
+    from heads.graft import looks_local
+
+    return bool(name) and not looks_local(name)
+
+
+def resolve_heads_dir(
+    path_or_id: str,
+    *,
+    revision: str | None = None,
+    cache_dir: str | None = None,
+    token: str | None = None,
+    local_files_only: bool | None = None,
+) -> str:
+    """A local heads directory as is, or a Hub id's snapshot in the HF cache (downloaded if needed).
+
+    Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) the cached snapshot of ``revision``
+    (a branch, tag or commit; None = main) is used. Errors name the id, the revision and what to do.
+    """
+    from heads.graft import looks_local
+
+    expanded = os.path.expanduser(path_or_id)
+    if os.path.isdir(expanded):
+        if revision is not None:
+            raise ValueError(
+                f"revision={revision!r} only applies to Hub ids, not to the directory {path_or_id!r}"
+            )
+        return expanded
+    if looks_local(path_or_id):
+        raise FileNotFoundError(f"heads directory not found: {path_or_id!r}")
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    what = f"heads {path_or_id!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        return snapshot_download(
+            path_or_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=bool(local_files_only),
+            allow_patterns=DOWNLOAD_PATTERNS + [f"{ADAPTER_DIR}/*"],
+            library_name=LIBRARY_NAME,
+        )
+    except HFValidationError as e:
+        raise ValueError(f"{path_or_id!r} is neither a local directory nor a valid Hub id: {e}") from e
+    except LocalEntryNotFoundError as e:
+        cache = cache_dir or constants.HF_HUB_CACHE
+        raise FileNotFoundError(
+            f"{what} are not in the Hugging Face cache ({cache}) and the Hub was not asked "
+            f"(HF_HUB_OFFLINE=1, local_files_only, or no network): download them once online, or pass a "
+            f"local directory"
+        ) from e
+    except GatedRepoError as e:
+        raise PermissionError(
+            f"{what}: the repo is gated; accept its terms on the Hub, then {LOGIN_HINT}"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise FileNotFoundError(
+            f"{what}: no such repo on the Hub (or it is private: {LOGIN_HINT} with access to it)"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise FileNotFoundError(f"{what}: the repo has no such branch, tag or commit") from e
+    except Exception as e:  # network and server errors come in many types; keep the id and the reason
+        raise OSError(f"could not fetch {what} from the Hugging Face Hub: {e}") from e
+
+
+class HubMixin:
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for a head module with a ``config``."""
+
+    config: Any
+
+    def save_pretrained(
+        self,
+        save_directory: str,
+        *,
+        eval_results: dict[str, Any] | None = None,
+        repo_id: str | None = None,
+        model_card: bool = True,
+    ) -> str:
+        """Write ``config.json`` + ``model.safetensors`` (heads' own tensors only, atomically) and, with
+        ``model_card``, a ``README.md`` (`model_card`; ``eval_results`` adds the accuracy table and τ,
+        ``repo_id`` goes into the usage snippet). Returns ``save_directory``."""
+        extra = {}
+        if eval_results is not None:
+            extra[EVAL_NAME] = json.dumps(eval_results, indent=2) + "\n"
+        if model_card:
+            extra[CARD_NAME] = model_card_text(
+                self.config.to_dict(),
+                eval_results=eval_results,
+                repo_id=repo_id or save_directory,
+                has_adapter=os.path.isdir(os.path.join(save_directory, ADAPTER_DIR)),
+            )
+        save_heads(self, save_directory, extra_files=extra)  # type: ignore[arg-type]
+        return save_directory
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str,
+        *,
+        revision: str | None = None,
+        target: nn.Module | None = None,
+        device=None,
+        dtype=None,
+        cache_dir: str | None = None,
+        token: str | None = None,
+        local_files_only: bool | None = None,
+    ):
+        """Heads from a local directory or a Hub id (``revision``: branch, tag or commit), checked to be of
+        this class's head type and, given ``target``, to fit it (vocab and hidden size, architecture)."""
+        directory = resolve_heads_dir(
+            path_or_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
+        )
+        raw = read_config(directory)
+        found, want = raw.get("head_type"), _head_type_of(cls)
+        if found not in REGISTRY:
+            raise ValueError(
+                f"{path_or_id!r} ({directory}): unknown head_type {found!r}; known: {sorted(REGISTRY)}"
+            )
+        if want is not None and found != want:
+            right = REGISTRY[found][1].__name__
+            raise ValueError(
+                f"{path_or_id!r} holds {found!r} heads, not {want!r}: load it with {right}.from_pretrained "
+                f"or heads.load_heads (which reads any head type)"
+            )
+        heads = load_heads(directory, target, device=device, dtype=dtype)
+        if target is not None:
+            _warn_other_base(raw.get("base_model_name_or_path"), target, path_or_id)
+        return heads
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+        create_pr: bool = False,
+        eval_results: dict[str, Any] | None = None,
+    ):
+        """Save to a temporary directory (heads, config, model card) and upload it with `push_heads_dir`.
+        Returns the ``CommitInfo``."""
+        import tempfile
+
+        token = resolve_token(token, repo_id)  # before any work
+        with tempfile.TemporaryDirectory(prefix="selfspec-push-") as tmp:
+            self.save_pretrained(tmp, eval_results=eval_results, repo_id=repo_id)
+            return push_heads_dir(
+                tmp,
+                repo_id,
+                private=private,
+                token=token,
+                revision=revision,
+                commit_message=commit_message,
+                create_pr=create_pr,
+                write_card=False,
+            )
+
+
+def _warn_other_base(recorded: str | None, target: nn.Module, path_or_id: str) -> None:
+    """Heads of the right shape for a differently named base model load (the sizes are what must match),
+    but the user should know: acceptance rates come from the model the heads were trained on."""
+    name = getattr(getattr(target, "config", None), "_name_or_path", "") or ""
+    if _is_hub_id(recorded) and _is_hub_id(name) and recorded != name:
+        warnings.warn(
+            f"heads {path_or_id!r} were trained for {recorded!r} but the target is {name!r}: they fit its "
+            "shapes, so outputs stay the target's own, but acceptance (and so speed) may be much lower",
+            stacklevel=3,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- push
+
+
+def upload_files(directory: str) -> list[str]:
+    """The files of ``directory`` a push uploads (paths relative to it, sorted): everything but
+    `IGNORE_PATTERNS`. Raises ``FileNotFoundError`` unless it is a heads checkpoint."""
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise FileNotFoundError(
+                f"{os.path.join(directory, name)} is missing: {directory!r} is not a selfspec heads checkpoint"
+            )
+    files = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if not any(fnmatch.fnmatch(rel, p) for p in IGNORE_PATTERNS):
+                files.append(rel)
+    return sorted(files)
+
+
+def push_heads_dir(
+    directory: str,
+    repo_id: str,
+    *,
+    private: bool | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    create_pr: bool = False,
+    write_card: bool = True,
+):
+    """Upload a saved heads directory to the Hub repo ``repo_id`` in one commit; returns the ``CommitInfo``.
+
+    Creates the repo if needed (``private``: None = the Hub's default; an existing repo keeps its
+    visibility). Uploads `upload_files` (heads, README.md, eval results, run config, ``adapter/``), never
+    training checkpoints or optimizer state. ``write_card``: first write a model card into ``directory``
+    if it has none. ``revision``: a branch to commit to (created from main if missing).
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.utils import validate_repo_id
+
+    validate_repo_id(repo_id)
+    token = resolve_token(token, repo_id)
+    upload_files(directory)  # a heads checkpoint? (before writing anything into it)
+    if write_card and not os.path.isfile(os.path.join(directory, CARD_NAME)):
+        write_model_card(directory, repo_id=repo_id)
+    files = upload_files(directory)
+    config = read_config(directory)
+    api = HfApi(token=token, library_name=LIBRARY_NAME)
+    repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    repo_id = getattr(repo, "repo_id", None) or repo_id  # a bare name gets the user's namespace
+    if revision is not None and not create_pr:
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    operations = [
+        CommitOperationAdd(path_in_repo=f, path_or_fileobj=os.path.join(directory, f)) for f in files
+    ]
+    message = commit_message or f"Upload {config.get('head_type', '')} heads with {LIBRARY_NAME}"
+    return api.create_commit(
+        repo_id,
+        operations=operations,
+        commit_message=message,
+        revision=revision,
+        create_pr=create_pr,
+        repo_type="model",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- model card
+
+_TAGS = {"medusa": ["medusa"], "eagle": ["eagle", "eagle-2"], "eagle3": ["eagle", "eagle-3"]}
+_POSITION = {"medusa": "head", "eagle": "step", "eagle3": "step"}
+
+
+def _fmt(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else str(value)
+    return text.replace("|", "\\|")
+
+
+def _accuracy_section(head_type: str, ev: dict[str, Any]) -> list[str]:
+    top1 = ev.get("top1") or []
+    top5 = ev.get("top5")
+    loss = ev.get("head_loss") or [None] * len(top1)
+    count = ev.get("count") or [None] * len(top1)
+    pos = _POSITION.get(head_type, "position")
+    # Draft token k+1 follows the target's own next token; Medusa head k reads h_t and predicts t+2+k.
+    if head_type == "medusa":
+        predicts = [f"t+{k + 2} (draft token {k + 1})" for k in range(len(top1))]
+    else:
+        predicts = [f"draft token {k + 1}" for k in range(len(top1))]
+    header = f"| {pos} | predicts | top-1 | " + ("top-5 | " if top5 else "") + "loss | positions |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for k, t1 in enumerate(top1):
+        t5 = f"{100 * top5[k]:.1f}% | " if top5 else ""
+        lo = f"{loss[k]:.3f}" if loss[k] is not None else ""
+        lines.append(f"| {k} | {predicts[k]} | {100 * t1:.1f}% | {t5}{lo} | {count[k] or ''} |")
+    tau = ev.get("sim_accept_length")
+    if tau is not None:
+        lines += [
+            "",
+            f"**Simulated acceptance length τ = {tau:.3f}** tokens per target forward, computed from the "
+            "top-1 accuracies above as τ = 1 + Σ_k Π_(j≤k) top1_j. τ counts the bonus token (the one "
+            "token the target itself adds at every verification step), as the Medusa and EAGLE papers do; "
+            "τ = 1 means no speedup. It assumes a chain of top-1 guesses; tree drafting in "
+            "`infer.generate` usually accepts more, and `out.stats.mean_accepted_length` reports what it "
+            "measures on your prompts.",
+        ]
+    return lines
+
+
+def model_card_text(
+    config: dict[str, Any],
+    *,
+    eval_results: dict[str, Any] | None = None,
+    train_config: dict[str, Any] | None = None,
+    repo_id: str | None = None,
+    has_adapter: bool = False,
+) -> str:
+    """The ``README.md`` of a heads checkpoint: Hub metadata (``base_model``, ``library_name``, ``tags``,
+    ``datasets``) as YAML front matter via ``ModelCardData``, then the base model, head type and config,
+    training data and steps, per-position held-out accuracy and simulated τ, and a usage snippet.
+
+    config: the heads' ``config.json`` dict; eval_results: ``eval_results.json`` (training's held-out eval);
+    train_config: the run config (``train_config.yaml``); repo_id: the Hub id or directory users load.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    head_type = str(config.get("head_type", ""))
+    base = config.get("base_model_name_or_path")
+    adapter = config.get("target_adapter")  # set for heads trained on a PEFT-adapted target
+    data = (train_config or {}).get("data") or {}
+    data_path = data.get("path")
+    datasets = [data_path] if _is_hub_id(data_path) and not os.path.exists(str(data_path)) else None
+    card_data = ModelCardData(
+        # Only a Hub id is valid metadata (the Hub rejects local paths); a local base is named in the text.
+        base_model=base if _is_hub_id(base) else None,
+        library_name=LIBRARY_NAME,
+        tags=["speculative-decoding", "draft-heads", *_TAGS.get(head_type, [head_type])],
+        datasets=datasets,
+    )
+    name = repo_id or "path/to/these-heads"
+    title = {"medusa": "Medusa", "eagle": "EAGLE-1/2", "eagle3": "EAGLE-3"}.get(head_type, head_type)
+    lines = [
+        f"# {title} draft heads for `{base}`" if base else f"# {title} draft heads",
+        "",
+        f"Draft heads for speculative decoding of **`{base}`**, trained with {LIBRARY_NAME}. The heads "
+        "draft a tree of candidate tokens from the target's hidden states, and the target verifies the "
+        "whole tree in one forward. Outputs are the target's own (greedy: token-identical to its "
+        "`generate`; sampling: exactly the target's distribution); only the speed changes. This repository "
+        "holds the heads' weights (`model.safetensors`), never the target's.",
+        "",
+    ]
+    if adapter:
+        # A relative name (Medusa-2 saves its LoRA as "adapter") is the adapter stored next to the heads.
+        inside = has_adapter or ("/" not in adapter and not os.path.isabs(adapter))
+        where = (
+            f"the PEFT adapter stored with them (`{adapter}/`)" if inside else f"the PEFT adapter `{adapter}`"
+        )
+        lines += [
+            f"> **These heads require {where} on `{base}`.** They were trained on the adapted model, and "
+            "the adapter changes the target's outputs: the speedup, and outputs identical to the model you "
+            "serve, hold only for the base model *with this adapter applied*; that adapted model, not the "
+            "plain base, is the one whose outputs `infer.generate` reproduces. `infer.load` applies the "
+            "adapter recorded in `config.json` and rejects a target with another adapter or none.",
+            "",
+        ]
+    elif has_adapter:
+        lines += [
+            "> This repository also holds a PEFT adapter of the target under `adapter/`; the heads are meant "
+            "for the target with that adapter applied.",
+            "",
+        ]
+    lines += ["## Usage", "", "```python", "import infer  # selfspec", ""]
+    lines += [
+        f'model = infer.load("{base or "<the base model>"}", heads="{name}")',
+        'input_ids = model.tokenizer("def fibonacci(n):", return_tensors="pt").input_ids',
+        "out = infer.generate(model, input_ids, max_new_tokens=128)  # greedy: identical to target.generate",
+        "print(model.tokenizer.decode(out.sequences[0]))",
+        "print(out.stats.mean_accepted_length)  # τ: tokens per target forward, bonus token included",
+        "```",
+        "",
+    ]
+    if base and not _is_hub_id(base):
+        lines += [
+            f"`{base}` is the local path of the target at training time; replace it with where that model "
+            "is on your machine (or its Hub id).",
+            "",
+        ]
+    skip = {"head_type", "target_config", "selfspec_version"}
+    lines += ["## Heads", "", f"- head type: `{head_type}`", f"- base model: `{base}`"]
+    tcfg = config.get("target_config") or {}
+    if tcfg:
+        lines.append(
+            f"- target architecture: `{tcfg.get('model_type')}`, {tcfg.get('num_hidden_layers')} layers "
+            "(the draft layer is rebuilt from the target's config, stored in `config.json`)"
+        )
+    if config.get("selfspec_version"):
+        lines.append(f"- written by {LIBRARY_NAME} {config['selfspec_version']}")
+    lines += ["", "| config | value |", "|---|---|"]
+    lines += [
+        f"| `{k}` | `{_fmt(v)}` |"
+        for k, v in sorted(config.items())
+        if k not in skip and not (k.startswith("target_adapter") and v is None)
+    ]
+    lines.append("")
+    if train_config or eval_results:
+        lines += ["## Training", ""]
+        if data:
+            lines.append(
+                f"- data: `{data_path}` (format `{data.get('format')}`, up to {data.get('max_length')} "
+                "tokens per example"
+                + (f", held-out set `{data['eval_path']}`" if data.get("eval_path") else "")
+                + ")"
+            )
+        tr = (train_config or {}).get("train") or {}
+        if tr:
+            lines.append(
+                f"- optimisation: AdamW, peak lr {tr.get('lr')}, {tr.get('batch_size')} sequences per process per "
+                f"micro-batch, {tr.get('grad_accum')} micro-batch(es) per optimizer step, "
+                + (
+                    f"max_steps {tr['max_steps']}"
+                    if (tr.get("max_steps") or -1) > 0
+                    else f"{tr.get('num_epochs')} epoch(s)"
+                )
+            )
+        if eval_results and eval_results.get("step") is not None:
+            last = (eval_results.get("last") or {}).get("step", eval_results["step"])
+            lines.append(
+                f"- trained for {last} optimizer steps; these heads are from step {eval_results['step']}, "
+                "the held-out eval with the best simulated τ"
+            )
+        lines.append("")
+    if eval_results and eval_results.get("top1"):
+        lines += ["## Held-out accuracy", ""] + _accuracy_section(head_type, eval_results) + [""]
+    body = "\n".join(lines)
+    return str(ModelCard(f"---\n{card_data.to_yaml()}\n---\n\n{body}"))
+
+
+def write_model_card(directory: str, *, repo_id: str | None = None) -> str:
+    """Write ``README.md`` into a saved heads directory from its ``config.json`` (+ ``eval_results.json``
+    and ``train_config.yaml`` when present), atomically. Returns the card's path."""
+    config = read_config(directory)
+    ev = tc = None
+    if os.path.isfile(os.path.join(directory, EVAL_NAME)):
+        with open(os.path.join(directory, EVAL_NAME)) as f:
+            ev = json.load(f)
+    if os.path.isfile(os.path.join(directory, TRAIN_CONFIG_NAME)):
+        import yaml
+
+        with open(os.path.join(directory, TRAIN_CONFIG_NAME)) as f:
+            tc = yaml.safe_load(f)
+    text = model_card_text(
+        config,
+        eval_results=ev,
+        train_config=tc,
+        repo_id=repo_id or directory,
+        has_adapter=os.path.isdir(os.path.join(directory, ADAPTER_DIR)),
+    )
+    path = os.path.join(directory, CARD_NAME)
+    _atomic_write(path, lambda p: open(p, "w").write(text))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python heads/hub.py", description="Push a saved heads directory to the Hub."
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    push = sub.add_parser("push", help="upload DIR (heads, model card, eval results) to REPO_ID")
+    push.add_argument("directory")
+    push.add_argument("repo_id")
+    push.add_argument("--private", action="store_true", default=None, help="create the repo private")
+    push.add_argument("--revision", help="branch to push to (default: main)")
+    push.add_argument("--commit-message")
+    args = p.parse_args(argv)
+    try:
+        info = push_heads_dir(
+            args.directory,
+            args.repo_id,
+            private=args.private,
+            revision=args.revision,
+            commit_message=args.commit_message,
+        )
+    except (ValueError, OSError) as e:  # bad input (no token, not a heads dir, bad repo id): one line
+        raise SystemExit(f"error: {e}") from None
+    print(getattr(info, "commit_url", info))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,545 @@
+"""Self-distillation data: rewrite a dataset's responses with the target model itself.
+
+Heads imitate what the target *generates* (they are verified against its logits), so training them on
+the target's own outputs instead of human-written text closes the gap between the training and the
+serving distribution. This is Medusa's self-distillation recipe (Cai et al. 2024, §3.3) and the
+"regenerated data" EAGLE-3 trains on (Li et al. 2025).
+
+What is rewritten, per data format (`train.data.detect_format`):
+
+- ``messages`` / ``sharegpt``: every assistant turn, in order. Turn ``j`` is generated from the
+  conversation so far (system and user turns as given, earlier assistant turns already regenerated),
+  rendered with the tokenizer's chat template and ``add_generation_prompt=True``, exactly as
+  `train.data.assistant_spans` locates turns at training time. System and user turns are kept.
+  Assistant turns before the first user/system turn are copied unchanged (training drops them).
+- ``text``: the first ``prompt_tokens`` tokens (tokenized as training tokenizes text, so a BOS the
+  tokenizer adds counts) are kept as the prompt and the rest is replaced by the target's continuation.
+
+Output rows keep the input's format, columns and key spellings (``from``/``value`` stays
+``from``/``value``), plus ``source_index``: the row's 0-based index in the input. So the output file
+trains directly (``data.path: OUT.jsonl`` in a recipe).
+
+Generation is batched (rows are left-padded, with an attention mask, into one ``target.generate``
+call per batch and turn), stops at the target's eos (``generation_config.eos_token_id``, which may be
+a list, plus the tokenizer's eos) or after ``max_new_tokens``, and is greedy at temperature 0. At
+temperature T > 0 it samples from ``softmax(logits / T)`` with no top-k/top-p/repetition penalty
+(the model's own generation_config is replaced for the call, so its sampling defaults do not leak in),
+seeded per batch from ``(seed, batch index, turn)``.
+
+Resuming: rows are appended to ``OUT`` one JSON line each, and each batch is flushed and fsync'ed
+before the next starts. On restart the indices already in ``OUT`` are skipped; a last line without
+its newline (a write cut off by a crash) is removed first. Batches are fixed chunks of the input
+indices (``[k*B, (k+1)*B)``), so a resumed run with the same batch size generates every remaining
+row in the same batch as an uninterrupted run: greedy output is the same text. The settings that
+change the text (target, data, format, temperature, token budgets, seed, dtype) are recorded in
+``OUT.meta`` and a resume with different settings is refused.
+
+Rows that cannot be regenerated are not written, and are counted in the report: chat rows with no
+assistant turn, and chat rows where some turn's prompt plus ``max_new_tokens`` exceeds the target's
+context (``max_position_embeddings``): such a turn could only be generated cut short, so the whole
+row is skipped rather than truncated (a truncated prompt would lose the template's start). For
+``text`` rows the prompt length is fixed, so a budget over the context is a `ValueError` up front.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from train.data import DataError, _load, _render, detect_format, to_messages
+
+logger = logging.getLogger(__name__)
+
+INDEX_KEY = "source_index"
+META_SUFFIX = ".meta"  # not a data suffix, so a directory of outputs still loads as data
+DEMO_DATA = {"demo": "full", "demo-tiny": "tiny"}
+_NO_ASSISTANT = "conversation has no assistant turn"
+
+
+@dataclass
+class RegenConfig:
+    """What to regenerate and how.
+
+    target: a Hub id, a local model directory, or demo / demo-tiny (the built-in demo target).
+    data: a local .json/.jsonl/.parquet file or directory, a Hub dataset id, or demo / demo-tiny
+        (the demo head-training data; ``split`` then picks train | eval | prompts).
+    out: the output JSONL file (appended to; see the module docstring on resuming).
+    split: the split of a Hub dataset (or the demo file, see ``data``).
+    format: auto | text | sharegpt | messages (as in `train.data.DataConfig`).
+    temperature: 0 = greedy; T > 0 samples from softmax(logits / T).
+    max_new_tokens: per generated turn or continuation.
+    batch_size: rows per ``generate`` call.
+    prompt_tokens: ``text`` rows: how many leading tokens are kept as the prompt.
+    limit: only the first ``limit`` input rows (None = all).
+    seed: sampling seed (unused when greedy).
+    dtype: the target's dtype: auto (as stored) | bf16 | fp16 | fp32.
+    device: where the target runs (None: cuda if available, else cpu).
+    """
+
+    target: str
+    data: str
+    out: str
+    split: str = "train"
+    format: str = "auto"
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    batch_size: int = 16
+    prompt_tokens: int = 32
+    limit: int | None = None
+    seed: int = 0
+    dtype: str = "auto"
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ValueError("out must be a file path for the regenerated JSONL")
+        if self.format not in ("auto", "text", "sharegpt", "messages"):
+            raise ValueError(f"format must be auto, text, sharegpt or messages, got {self.format!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        for name in ("max_new_tokens", "batch_size", "prompt_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"limit must be None or an int >= 1, got {self.limit!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that change the generated text (recorded in ``OUT.meta``, checked on resume)."""
+        keep = (
+            "target",
+            "data",
+            "split",
+            "format",
+            "temperature",
+            "max_new_tokens",
+            "prompt_tokens",
+            "dtype",
+        )
+        out = {k: getattr(self, k) for k in keep}
+        if self.temperature > 0:
+            out["seed"] = self.seed
+        return out
+
+
+@dataclass
+class RegenReport:
+    """What a run did. ``rows``: input rows considered (after ``limit``); ``done_before``: already in
+    the output when the run started; ``written``: rows this run appended; ``no_assistant`` and
+    ``too_long``: skipped rows (see the module docstring); ``new_tokens``: tokens generated."""
+
+    out: str
+    format: str
+    rows: int = 0
+    done_before: int = 0
+    written: int = 0
+    no_assistant: int = 0
+    too_long: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    skipped_rows: list[int] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [
+            f"{self.out}: {self.written} rows written this run, {self.done_before} already there, "
+            f"{self.rows} input rows ({self.format}); {self.new_tokens} new tokens in {self.seconds:.0f} s"
+        ]
+        if self.no_assistant:
+            parts.append(f"skipped {self.no_assistant} rows with no assistant turn")
+        if self.too_long:
+            parts.append(
+                f"skipped {self.too_long} rows whose prompt + max_new_tokens exceed the target's context"
+            )
+        return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------- output file
+
+
+def read_done(out: str) -> set[int]:
+    """Source indices already in ``out``, after cutting off a torn last line.
+
+    A line is complete only with its trailing newline: a crash mid-write leaves a last line without
+    one, which is truncated away (the row is then regenerated). Any other unreadable line, a line
+    without ``source_index``, or a repeated index is a `DataError`: the file was not written by this
+    tool, and appending to it could lose or duplicate rows.
+    """
+    if not os.path.exists(out):
+        return set()
+    with open(out, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            logger.warning(
+                "%s: dropping a truncated last line (%d bytes) from an interrupted write",
+                out,
+                len(data) - end,
+            )
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    done: set[int] = set()
+    for n, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            idx = json.loads(line)[INDEX_KEY]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            raise DataError(
+                f"{out} line {n}: not a row written by regenerate (invalid JSON or no {INDEX_KEY!r}); "
+                "use a new output path"
+            ) from None
+        if not isinstance(idx, int) or idx in done:
+            raise DataError(f"{out} line {n}: bad or repeated {INDEX_KEY} {idx!r}; the file is corrupt")
+        done.add(idx)
+    return done
+
+
+def _check_meta(out: str, settings: dict[str, Any], fresh: bool) -> None:
+    """Record ``settings`` next to a fresh output; refuse to append to one made with other settings."""
+    meta = out + META_SUFFIX
+    if os.path.exists(meta) and not fresh:
+        with open(meta) as f:
+            old = json.load(f)
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(
+                f"{out} was generated with other settings ({what}); resume with the same settings or "
+                "write to a new output path"
+            )
+        return
+    from heads.base import _atomic_write
+
+    text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+    _atomic_write(meta, lambda p: open(p, "w").write(text))
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def eos_ids(model: nn.Module, tokenizer) -> list[int]:
+    """Token ids that end a generation: the model's generation_config eos (an int or a list: chat
+    models often stop on an end-of-turn token too) and the tokenizer's eos."""
+    ids: list[int] = []
+    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        for i in src if isinstance(src, (list, tuple)) else [src]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError(
+            "the target has no eos token (generation_config.eos_token_id and tokenizer.eos_token_id)"
+        )
+    return ids
+
+
+def context_length(model: nn.Module) -> int | None:
+    """The target's context in tokens (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
+    cfg = model.config.get_text_config()
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
+def generate_batch(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos: Sequence[int],
+    pad_id: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> list[list[int]]:
+    """Continue each prompt with the target; returns the new tokens of each, eos excluded.
+
+    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (0 on
+    padding), so every row's last real token sits at position L-1 and ``generate`` appends at L;
+    transformers derives position ids from the mask, so a padded row decodes as it would alone.
+    ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
+    ``eos`` (rows that finished early are padded after their eos). One host sync per batch.
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    L = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        input_ids[b, L - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attention_mask[b, L - len(p) :] = 1
+    sample = temperature > 0
+    # A fresh config for the call: model.generation_config's own sampling defaults (top_p, top_k,
+    # repetition_penalty, ...) would otherwise be merged in and change the distribution.
+    gen = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else None,
+        top_k=0 if sample else None,
+        top_p=1.0 if sample else None,
+        eos_token_id=list(eos),
+        pad_token_id=pad_id,
+    )
+    if sample and seed is not None:
+        torch.manual_seed(seed)
+    saved = model.generation_config
+    model.generation_config = gen
+    try:
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
+    finally:
+        model.generation_config = saved
+    new = out[:, L:]  # [B, n]
+    if new.shape[1] == 0:
+        return [[] for _ in prompts]
+    is_eos = torch.isin(new, torch.as_tensor(list(eos), device=new.device))
+    # first eos per row (n if none): argmax over [is_eos, True] picks the first True
+    stop = torch.cat([is_eos, torch.ones_like(is_eos[:, :1])], dim=1).int().argmax(dim=1)
+    rows, stops = new.tolist(), stop.tolist()
+    return [r[:s] for r, s in zip(rows, stops, strict=True)]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Chat:
+    """One chat row in flight: its output copy, the rendered messages and where the assistant turns are."""
+
+    index: int
+    row: dict
+    turns: list  # the output row's turn dicts (the same objects as inside ``row``)
+    messages: list[dict[str, str]]  # normalised, leading assistant turns dropped
+    offset: int  # turns[offset + m] is messages[m]
+    assistant: list[int]  # indices into messages
+    skipped: bool = False
+
+
+def _chat_row(value: Any, row: dict, column: str, index: int, where: str) -> _Chat | None:
+    """Validate one chat row; None if it has no assistant turn (other problems raise DataError)."""
+    try:
+        messages = to_messages(value, where)
+    except DataError as e:
+        if str(e).endswith(_NO_ASSISTANT):
+            return None
+        raise
+    out = copy.deepcopy(row)
+    turns = out[column]
+    offset = len(turns) - len(messages)
+    assistant = [m for m, msg in enumerate(messages) if msg["role"] == "assistant"]
+    return _Chat(index, out, turns, messages, offset, assistant)
+
+
+def regenerate(
+    model: nn.Module,
+    tokenizer,
+    dataset,
+    cfg: RegenConfig,
+    *,
+    label: str | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
+    progress: bool = True,
+) -> RegenReport:
+    """Regenerate ``dataset`` (a `datasets.Dataset` or list of row dicts) with ``model`` into ``cfg.out``.
+
+    Appends to ``cfg.out`` and skips rows already there (see the module docstring). ``on_batch(k,
+    n_written)`` is called after batch ``k`` is on disk (tests interrupt a run from it). Raises
+    DataError for an empty dataset, an unknown format or bad rows, ValueError for a text budget over
+    the target's context or for resuming with other settings.
+    """
+    from tqdm.auto import tqdm
+
+    label = label or cfg.data
+    n_total = len(dataset)
+    if n_total == 0:
+        raise DataError(f"{label}: dataset is empty")
+    columns = dataset.column_names if hasattr(dataset, "column_names") else list(dataset[0])
+    fmt, column = detect_format(columns, cfg.format, label)
+    if fmt != "text" and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{label}: {fmt} data needs a chat template, but the tokenizer has none")
+    n = min(n_total, cfg.limit or n_total)
+    ctx = context_length(model)
+    if fmt == "text" and ctx is not None and cfg.prompt_tokens + cfg.max_new_tokens > ctx:
+        raise ValueError(
+            f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds the target's "
+            f"context of {ctx} tokens; lower one of them"
+        )
+    eos = eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+
+    # Validate every row before any generation, so bad data fails in seconds, not mid-run.
+    skip: set[int] = set()
+    for i in range(n):
+        value = dataset[i][column]
+        where = f"{label} row {i}"
+        if fmt == "text":
+            if not isinstance(value, str):
+                raise DataError(f"{where}: {column!r} is not a string (got {type(value).__name__})")
+        elif _chat_row(value, {column: value}, column, i, where) is None:
+            skip.add(i)
+    if len(skip) == n:
+        raise DataError(f"{label}: no row has an assistant turn to regenerate (all {n} rows checked)")
+
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+    done = read_done(cfg.out)
+    _check_meta(cfg.out, cfg.settings(), fresh=not done)
+    report = RegenReport(out=cfg.out, format=fmt, rows=n, done_before=sum(i < n for i in done))
+    report.no_assistant = len(skip)
+    report.skipped_rows = sorted(skip)
+    if skip:
+        logger.warning("%s: skipping %d of %d rows with no assistant turn", label, len(skip), n)
+    B = cfg.batch_size
+    # Fixed chunks of the input indices: a resumed run batches the remaining rows as an uninterrupted
+    # run would, so greedy output does not depend on where it was interrupted.
+    chunks = [
+        (k, [i for i in range(k * B, min(n, (k + 1) * B)) if i not in done and i not in skip])
+        for k in range(-(-n // B))
+    ]
+    pending = sum(len(idx) for _, idx in chunks)
+    if not pending:
+        logger.info("%s: all %d rows already regenerated", cfg.out, n)
+        return report
+    t0 = time.perf_counter()
+    name = os.path.basename(cfg.out)
+    bar = tqdm(total=pending, unit="row", desc=f"regenerating {name}", disable=not progress)
+    gen = dict(max_new_tokens=cfg.max_new_tokens, eos=eos, pad_id=pad_id, temperature=cfg.temperature)
+    with open(cfg.out, "a", encoding="utf-8") as f:
+        for k, idx in chunks:
+            if not idx:
+                continue
+            rows = [dataset[i] for i in idx]
+            if fmt == "text":
+                out_rows = _regen_text(model, tokenizer, rows, idx, column, cfg, gen, k, report, label)
+            else:
+                out_rows = _regen_chat(model, tokenizer, rows, idx, column, cfg, gen, k, ctx, report, label)
+            f.write("".join(json.dumps({**r, INDEX_KEY: i}, ensure_ascii=False) + "\n" for i, r in out_rows))
+            f.flush()
+            os.fsync(f.fileno())  # the batch is on disk before the next starts: resume loses at most one
+            report.written += len(out_rows)
+            bar.update(len(idx))
+            bar.set_postfix(tok_s=f"{report.new_tokens / (time.perf_counter() - t0):.0f}")
+            if on_batch is not None:
+                on_batch(k, len(out_rows))
+    bar.close()
+    report.seconds = time.perf_counter() - t0
+    if report.too_long:
+        logger.warning(
+            "%s: skipped %d rows whose prompt + max_new_tokens exceed the target's context of %s tokens",
+            label,
+            report.too_long,
+            ctx,
+        )
+    return report
+
+
+def _seed(cfg: RegenConfig, batch: int, turn: int) -> int:
+    return (cfg.seed * 1_000_003 + batch) * 1_009 + turn
+
+
+def _regen_text(model, tokenizer, rows, idx, column, cfg, gen, k, report, label) -> list[tuple[int, dict]]:
+    prompts = []
+    eos = set(gen["eos"])
+    for i, row in zip(idx, rows, strict=True):
+        ids = tokenizer(row[column], verbose=False)["input_ids"][: cfg.prompt_tokens]
+        while ids and ids[-1] in eos:  # a tokenizer that appends eos: continue the text, not after it
+            ids = ids[:-1]
+        if not ids:
+            raise DataError(f"{label} row {i}: the text has no tokens to use as a prompt")
+        prompts.append(ids)
+    new = generate_batch(model, prompts, seed=_seed(cfg, k, 0), **gen)
+    out = []
+    for i, row, p, c in zip(idx, rows, prompts, new, strict=True):
+        report.new_tokens += len(c)
+        text = tokenizer.decode(p + c, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        out.append((i, {**row, column: text}))
+    return out
+
+
+def _regen_chat(
+    model, tokenizer, rows, idx, column, cfg, gen, k, ctx, report, label
+) -> list[tuple[int, dict]]:
+    chats = []
+    for i, row in zip(idx, rows, strict=True):
+        chats.append(_chat_row(row[column], row, column, i, f"{label} row {i}"))
+    # Round r regenerates the r-th assistant turn of every row that has one, in one batch: turn r
+    # needs turns < r, so rounds are sequential; rows within a round are independent.
+    for r in range(max((len(c.assistant) for c in chats), default=0)):
+        live = [c for c in chats if not c.skipped and r < len(c.assistant)]
+        prompts = []
+        for c in live:
+            m = c.assistant[r]
+            text = _render(tokenizer, c.messages[:m], True, f"{label} row {c.index}")
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if ctx is not None and len(ids) + cfg.max_new_tokens > ctx:
+                c.skipped = True
+                report.too_long += 1
+                report.skipped_rows.append(c.index)
+            prompts.append(ids)
+        keep = [(c, p) for c, p in zip(live, prompts, strict=True) if not c.skipped]
+        if not keep:
+            continue
+        new = generate_batch(model, [p for _, p in keep], seed=_seed(cfg, k, r), **gen)
+        for (c, _), ids in zip(keep, new, strict=True):
+            report.new_tokens += len(ids)
+            m = c.assistant[r]
+            content = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            c.messages[m]["content"] = content
+            turn = c.turns[c.offset + m]
+            turn["content" if turn.get("content") is not None else "value"] = content
+    return [(c.index, c.row) for c in chats if not c.skipped]
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
+    """(path or Hub id, split) for ``cfg.data``; demo / demo-tiny map to the demo data's files."""
+    if cfg.data in DEMO_DATA:
+        from train.demo import ensure_demo_data
+
+        files = ensure_demo_data(DEMO_DATA[cfg.data])
+        if cfg.split not in files:
+            raise ValueError(f"demo data has splits {', '.join(files)}; got split {cfg.split!r}")
+        return files[cfg.split], "train"
+    return cfg.data, cfg.split
+
+
+def load_target_and_tokenizer(cfg: RegenConfig):
+    """The frozen target (on ``cfg.device``) and its tokenizer; demo names are built on first use."""
+    from transformers import AutoTokenizer
+
+    from heads.graft import load_target
+    from train.config import DEMO_NAMES
+
+    path = cfg.target
+    if path in DEMO_NAMES:
+        from train.demo import ensure_demo_target
+
+        path = ensure_demo_target(DEMO_NAMES[path])
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_target(path, dtype=cfg.dtype, device=device)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path))
+    return model, tokenizer
+
+
+def run(cfg: RegenConfig, **kwargs) -> RegenReport:
+    """Load the data and the target named in ``cfg`` and `regenerate`. The data is checked first, so a
+    bad path fails before the (slow) model load."""
+    path, split = resolve_data(cfg)
+    dataset, source = _load(path, split)
+    model, tokenizer = load_target_and_tokenizer(cfg)
+    report = regenerate(model, tokenizer, dataset, cfg, label=source.label, **kwargs)
+    logger.info("%s", report.summary())
+    return report
+
+
+def report_dict(report: RegenReport) -> dict[str, Any]:
+    d = asdict(report)
+    d["skipped_rows"] = d["skipped_rows"][:20]
+    return d
