@@ -1,0 +1,202 @@
+"""scripts/benchmark.py smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
+
+Checks the outputs' schema (results.json keys and types, results.md, a non-empty PNG) and that a greedy
+method whose output differs from ``target.generate`` is caught (exit status 1, prompt and position
+reported). Speed is never asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+from conftest import tiny_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_script", os.path.join(ROOT, "scripts", "benchmark.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load_script()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, one_thread):
+    """A tiny Llama with a byte-level BPE tokenizer (with the demo chat template), Medusa and EAGLE heads
+    (random, saved as checkpoints) and a prompts file with one text row and one chat row."""
+    from heads import EagleHead, MedusaHeads, save_heads
+    from train.demo import train_tokenizer
+
+    root = tmp_path_factory.mktemp("bench")
+    texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"] * 20
+    tok = train_tokenizer(texts, vocab_size=300, max_length=256)
+    model = tiny_model("llama", vocab_size=300)
+    target = str(root / "target")
+    model.config._name_or_path = target
+    model.save_pretrained(target)
+    tok.save_pretrained(target)
+    torch.manual_seed(0)
+    medusa = MedusaHeads.for_target(model, num_heads=2)
+    for p in medusa.parameters():  # nonzero weights, so the heads disagree with the target sometimes
+        p.data.normal_(0, 0.1)
+    save_heads(medusa, str(root / "medusa"))
+    save_heads(EagleHead.for_target(model), str(root / "eagle"))
+    prompts = root / "prompts.jsonl"
+    rows = [
+        {"text": "def add(a, b):\n    return"},
+        {"messages": [{"role": "user", "content": "for i in range(10):\n"}]},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root, target, str(prompts)
+
+
+def _common(root, target, prompts, out):
+    return [
+        "--target",
+        target,
+        "--prompts",
+        f"toy={prompts}",
+        "--dtype",
+        "fp32",
+        "--max-new-tokens",
+        "6",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
+
+
+def test_outputs_schema(setup, tmp_path):
+    root, target, prompts = setup
+    argv = _common(root, target, prompts, tmp_path) + [
+        "--heads",
+        f"med={root / 'medusa'}",
+        "--heads",
+        str(root / "eagle"),
+        "--tree",
+        "default,4",
+        "--total-tokens",
+        "eagle:4,8",
+        "--total-tokens",
+        "med:99",  # a label of another head type: ignored for the EAGLE heads
+        "--prompt-lookup",
+        "2",
+        "--verify-cost",
+        "1,4",
+    ]
+    report, status = bench.run(argv)
+    assert status == 0 and report["ok"] is True and report["mismatches"] == []
+    for name in (
+        "results.json",
+        "results.md",
+        "speedup_vs_tree.png",
+    ):
+        assert os.path.getsize(tmp_path / name) > 0
+    with open(tmp_path / "speedup_vs_tree.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["schema"] == bench.SCHEMA and on_disk["results"] == json.loads(
+        json.dumps(report["results"])
+    )
+    for key in (
+        "date",
+        "command",
+        "machine",
+        "settings",
+        "tau_definition",
+        "speedup_definition",
+        "peak_memory_kind",
+        "prompt_sets",
+        "verify_cost",
+        "results",
+        "mismatches",
+        "ok",
+    ):
+        assert key in on_disk, key
+    for key in ("cpu", "cores", "device", "torch", "transformers", "summary"):
+        assert key in on_disk["machine"], key
+    assert on_disk["prompt_sets"]["toy"]["n"] == 2
+    assert set(on_disk["verify_cost"]["ratio_to_k1"]) == {"1", "4"}
+    assert on_disk["verify_cost"]["ratio_to_k1"]["1"] == 1.0
+
+    rows = on_disk["results"]
+    # plain + prompt lookup + 2 Medusa trees + 2 EAGLE sizes, for greedy and sample
+    assert len(rows) == 2 * 6
+    assert {r["mode"] for r in rows} == {"greedy", "sample"}
+    assert sorted({r["tree_size"] for r in rows if r["head_type"] == "eagle"}) == [4, 8]
+    # Medusa with 2 heads: default_tree (32 drafts) and default_tree(4); sizes count the root
+    assert sorted(r["tree_size"] for r in rows if r["head_type"] == "medusa" and r["mode"] == "greedy") == [
+        5,
+        33,
+    ]
+    for r in rows:
+        assert r["n_prompts"] == 2 and r["new_tokens"] == 12
+        assert isinstance(r["tau"], float) and r["tau"] >= 1.0
+        assert sum(r["tau_histogram"].values()) > 0 and all(int(k) >= 1 for k in r["tau_histogram"])
+        assert set(r["tau_quantiles"]) == {"p10", "p50", "p90"}
+        tps = r["tokens_per_s"]
+        assert 0 < tps["min"] <= tps["median"] <= tps["max"]
+        assert r["speedup"]["total"] > 0 and r["speedup"]["median"] > 0
+        assert r["efficiency"] == pytest.approx(r["speedup"]["total"] / r["tau"])
+        assert r["peak_memory_mib"] > 0
+        assert r["time_split_s"] is None or set(r["time_split_s"]) == {
+            "draft",
+            "verify",
+            "bookkeeping",
+            "total",
+        }
+        assert len(r["per_prompt"]) == 2
+        if r["kind"] == "plain":
+            assert r["tau"] == 1.0 and r["speedup"]["total"] == 1.0 and r["identical"] is None
+        elif r["mode"] == "greedy":
+            assert r["identical"] == 2  # fp32: every method reproduces target.generate exactly
+    md = (tmp_path / "results.md").read_text()
+    assert md.count("\n| toy |") == len(rows) and "Verify cost" in md
+
+
+class _Corrupting(bench.Method):
+    """target.generate with the 3rd new token replaced: a greedy method that is wrong."""
+
+    def run(self, target, ids, gc, seed, timing, mem):
+        r = bench.Method("x", "plain").run(target, ids, gc, seed, timing, mem)
+        pos = ids.shape[1] + 2
+        r.sequences = r.sequences.clone()
+        r.sequences[0, pos] = (r.sequences[0, pos] + 1) % target.config.vocab_size
+        return r
+
+
+def test_greedy_mismatch_is_reported(setup, tmp_path, capsys):
+    root, target, prompts = setup
+    argv = _common(root, target, prompts, tmp_path) + [
+        "--modes",
+        "greedy",
+        "--prompt-lookup",
+        "0",
+        "--verify-cost",
+        "",
+    ]
+    report, status = bench.run(argv, extra_methods=[_Corrupting("broken", "plain-corrupt")])
+    assert status == 1 and report["ok"] is False
+    mm = report["mismatches"]
+    assert [(m["method"], m["prompt_index"], m["position"], m["near_tie"]) for m in mm] == [
+        ("broken", 0, 2, False),
+        ("broken", 1, 2, False),
+    ]
+    assert mm[0]["logit_margin"] > 0
+    assert "GREEDY MISMATCH" in capsys.readouterr().err
+    row = next(r for r in report["results"] if r["method"] == "broken")
+    assert row["identical"] == 0
+    assert "BUG" in (tmp_path / "results.md").read_text()

@@ -1,0 +1,281 @@
+"""Tree tuning (`infer.tree` greedy trees and size choice), tree.json loading, and `scripts/tune_tree.py` helpers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from infer.tree import (
+    build_tree,
+    choose_eagle_budget,
+    choose_num_nodes,
+    default_tree,
+    empirical_accept_length,
+    expected_accept_curve,
+    expected_accept_length,
+    greedy_nodes,
+    validate_paths,
+)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+
+def random_acc(seed: int, depth: int = 4, ranks: int = 10) -> torch.Tensor:
+    """Random per-depth rank accuracies: each row a random sub-distribution (sum <= 1) over ranks."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(depth, ranks + 1, generator=g, dtype=torch.float64) ** 3
+    if seed % 2:  # half the tables decay with rank, like trained heads; the others are unordered
+        w[:, :ranks] = w[:, :ranks].sort(-1, descending=True).values
+    return (w / w.sum(-1, keepdim=True))[:, :ranks]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tuned_tree_beats_default_and_is_valid(seed):
+    acc = random_acc(seed)
+    default = default_tree(4)
+    tau = expected_accept_curve(acc, 63)
+    tuned, _ = greedy_nodes(acc, len(default))
+    assert expected_accept_length(tuned, acc) >= expected_accept_length(default, acc) - 1e-12
+    assert len(tau) == 64 and tau[0] == 1.0
+    assert all(b >= a for a, b in zip(tau, tau[1:], strict=False))  # monotone in N
+    for n in (1, 2, 5, 17, 40, 63):
+        paths, values = greedy_nodes(acc, n)
+        assert len(paths) == n and len(validate_paths(paths)) == n  # prefix-closed, no duplicates
+        assert values == sorted(values, reverse=True)
+        assert expected_accept_length(paths, acc) == pytest.approx(tau[n], rel=1e-12)
+        assert {tuple(p) for p in build_tree(acc, n)} == set(paths)
+
+
+def prefix_closed_subsets(depth: int, ranks: int, n: int):
+    every = [p for d in range(1, depth + 1) for p in itertools.product(range(ranks), repeat=d)]
+    for sub in itertools.combinations(every, n):
+        s = set(sub)
+        if all(len(p) == 1 or p[:-1] in s for p in sub):
+            yield sub
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_is_optimal_by_brute_force(seed):
+    acc = random_acc(seed, depth=3, ranks=2)
+    for n in (1, 3, 5):
+        best = max(expected_accept_length(s, acc) for s in prefix_closed_subsets(3, 2, n))
+        assert expected_accept_curve(acc, n)[n] == pytest.approx(best, rel=1e-12)
+
+
+def test_greedy_limits_and_bad_input():
+    acc = random_acc(1)
+    paths, _ = greedy_nodes(acc, 63, max_depth=2, max_rank=3)
+    assert len(paths) == 3 + 9 and max(len(p) for p in paths) == 2 and max(max(p) for p in paths) == 2
+    assert len(expected_accept_curve(acc, 63, max_depth=2, max_rank=3)) == 13  # only 12 paths exist
+    with pytest.raises(ValueError, match="probabilities"):
+        greedy_nodes(acc + 1, 4)
+    with pytest.raises(ValueError, match="depth, ranks"):
+        greedy_nodes(acc[0], 4)
+
+
+def test_empirical_accept_length():
+    ranks = torch.tensor([[0, 0, 1], [1, 0, 0], [0, 2, 0], [10, 0, 0]])
+    paths = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    # row 0: [0], [0,0] -> 3; row 1: [1], [1,0] -> 3; row 2: [0] -> 2; row 3: nothing -> 1
+    assert empirical_accept_length(paths, ranks) == pytest.approx((3 + 3 + 2 + 1) / 4)
+    # with independent ranks drawn from acc, the measured τ converges to the model's expectation
+    acc = random_acc(3, depth=3, ranks=4)
+    g = torch.Generator().manual_seed(0)
+    full = torch.cat([acc, (1 - acc.sum(-1, keepdim=True)).clamp(min=0)], 1)
+    sample = torch.stack([torch.multinomial(full[d], 40000, True, generator=g) for d in range(3)], 1)
+    tree = build_tree(acc, 12)
+    assert empirical_accept_length(tree, sample) == pytest.approx(expected_accept_length(tree, acc), abs=0.02)
+    with pytest.raises(ValueError, match="deeper"):
+        empirical_accept_length([[0], [0, 0]], ranks[:, :1])
+
+
+def test_choose_num_nodes_picks_the_argmax():
+    tau = [1.0 + 2.0 * (1 - 0.9**n) for n in range(64)]  # diminishing returns
+    verify = [0.010 + 0.0004 * k for k in range(1, 65)]
+    n, rates = choose_num_nodes(tau, verify, draft_s=0.002)
+    brute = max(range(1, 64), key=lambda m: tau[m] / (verify[m] + 0.002))
+    assert n == brute and 1 < n < 63
+    assert rates[n] == pytest.approx(tau[n] / (verify[n] + 0.002))
+    assert choose_num_nodes(tau, [0.01] * 64, 0.0)[0] == 63  # free verification: the biggest tree
+    assert choose_num_nodes(tau, [0.01 * k for k in range(1, 65)], 0.0)[0] == 1  # linear cost: chain of 1
+    with pytest.raises(ValueError, match="positive"):
+        choose_num_nodes(tau, [0.0] * 64, 0.0)
+
+
+def test_choose_eagle_budget_matches_brute_force():
+    acc = random_acc(5, depth=6)
+    verify = [0.02 + 0.0003 * k + 0.00001 * k * k for k in range(1, 65)]
+    draft = {2: 0.004, 4: 0.008, 6: 0.012}
+    best = choose_eagle_budget(acc, verify, draft, draft_top_k=4)
+    rate = {
+        (d, t): expected_accept_curve(acc, t - 1, max_depth=d, max_rank=4)[t - 1] / (verify[t - 1] + draft[d])
+        for d in draft
+        for t in range(2, 65)
+        if len(expected_accept_curve(acc, t - 1, max_depth=d, max_rank=4)) >= t
+    }
+    (d, t), r = max(rate.items(), key=lambda kv: kv[1])
+    assert (best["depth"], best["total_tokens"]) == (d, t)
+    assert best["expected_tokens_per_s"] == pytest.approx(r) and best["draft_top_k"] == 4
+
+
+def test_monotone_profile():
+    from tune_tree import monotone
+
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
+    assert monotone([1.0, 2.0]) == [1.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------- tree.json
+
+
+def _medusa(tmp_path, target):
+    from heads import save_heads
+    from heads.medusa import MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=3)
+    for blk in heads.blocks:  # non-zero weights, so drafts differ from plain top-k
+        torch.nn.init.normal_(blk[0].linear.weight, std=0.5)
+    save_heads(heads, str(tmp_path))
+    return heads
+
+
+def test_tree_json_round_trip_medusa(tmp_path, one_thread):
+    from tune_tree import write_tree
+
+    import infer
+    from heads import load_heads
+
+    target = tiny_model("llama")
+    _medusa(tmp_path, target)
+    paths = [list(p) for p in greedy_nodes(random_acc(2, depth=3), 9)[0]]
+    write_tree(str(tmp_path), {"paths": paths, "tuning": {"note": "kept for the record"}})
+    heads = load_heads(str(tmp_path), target)
+    assert heads.tree == paths
+    model = infer.SpecModel(target, heads)
+    assert model.proposer().tree == paths
+    assert model.proposer([[0]]).tree == [[0]]  # an explicit tree still wins
+    ids = torch.randint(3, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    out = infer.generate(model, ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_tree_json_round_trip_eagle(tmp_path, one_thread):
+    import infer
+    from heads import load_heads, save_heads
+    from heads.eagle import EagleHead
+
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    save_heads(EagleHead.for_target(target), str(tmp_path))
+    (tmp_path / "tree.json").write_text(json.dumps({"total_tokens": 7, "depth": 3, "draft_top_k": 2}))
+    model = infer.SpecModel(target, load_heads(str(tmp_path), target))
+    prop = model.proposer()
+    assert (prop.total_tokens, prop.depth, prop.top_k) == (7, 3, 2)
+    prop = model.proposer(total_tokens=5)  # explicit arguments override the saved budget one by one
+    assert (prop.total_tokens, prop.depth, prop.top_k) == (5, 3, 2)
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(2))
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
+    out = infer.generate(model, ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"tree": [[0]]}), "need exactly the keys"),
+        (json.dumps({"paths": [[0]], "extra": 1}), "need exactly the keys"),
+        (json.dumps({"paths": [[0], [1, 1]]}), r"invalid tree: .*no parent \[1\]"),
+        (json.dumps({"paths": [[0], [0]]}), "invalid tree: .*duplicate"),
+        (json.dumps({"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}), "needs 4 heads"),
+        (json.dumps({"paths": [[0.5]]}), "lists of int ranks"),
+        (json.dumps([[0]]), "need exactly the keys"),
+    ],
+)
+def test_malformed_tree_json_medusa(tmp_path, content, message):
+    from heads import load_heads
+
+    target = tiny_model("llama")
+    _medusa(tmp_path, target)
+    (tmp_path / "tree.json").write_text(content)
+    with pytest.raises(ValueError, match=message) as e:
+        load_heads(str(tmp_path), target)
+    assert "tree.json" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"total_tokens": 1, "depth": 3, "draft_top_k": 2}, "'total_tokens' must be an int >= 2"),
+        ({"total_tokens": 8, "depth": "3", "draft_top_k": 2}, "'depth' must be an int >= 1"),
+        ({"total_tokens": 8, "depth": 3}, "need exactly the keys"),
+        ({"paths": [[0]]}, "need exactly the keys"),
+    ],
+)
+def test_malformed_tree_json_eagle(tmp_path, tree, message):
+    from heads import load_heads, save_heads
+    from heads.eagle import EagleHead
+
+    target = tiny_model("llama")
+    save_heads(EagleHead.for_target(target), str(tmp_path))
+    (tmp_path / "tree.json").write_text(json.dumps(tree))
+    with pytest.raises(ValueError, match=message):
+        load_heads(str(tmp_path), target)
+
+
+# ---------------------------------------------------------------------------------------------- scripts
+
+
+def test_measure_profile_and_tune(tmp_path, one_thread):
+    """The profile restores the cache each step; the tuned Medusa tree is valid and fits the heads."""
+    from tune_tree import measure_profile, tune_medusa
+
+    target = tiny_model("llama")
+    prefix = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    prof = measure_profile(target, prefix, max_k=6, repeats=1, warmup=0)
+    assert prof["k"] == [1, 2, 3, 4, 5, 6] and all(t > 0 for t in prof["step_s"])
+    assert all(b >= a for a, b in zip(prof["step_s"], prof["step_s"][1:], strict=False))
+    tree = tune_medusa(
+        random_acc(4, depth=3), prof, 0.001, num_heads=3, joint=torch.zeros(5, 3, dtype=torch.long)
+    )
+    assert len(validate_paths(tree["paths"])) == tree["tuning"]["num_nodes"] <= 5
+    zeros = sum(1 for p in tree["paths"] if not any(p))  # every position's ranks are 0: chain nodes hit
+    assert tree["tuning"]["measured_accept_length"] == pytest.approx(1 + zeros)
+
+
+def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
+    from tune_tree import measure_tau, refine_eagle, tune_eagle
+
+    import infer
+    from heads.eagle import EagleHead
+
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    model = infer.SpecModel(target, EagleHead.for_target(target).eval())
+    prof = {"step_s": [0.01 + 0.001 * k for k in range(1, 65)]}
+    draft = {2: 0.002, 6: 0.006}
+    tree = tune_eagle(random_acc(1, depth=6), prof, draft, draft_top_k=3)
+    prompts = [torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    tree = refine_eagle(model, tree, prompts, prof, draft, max_new_tokens=8)
+    cands = tree["tuning"]["refined"]["candidates"]
+    # per depth: the static best and 32, 48, 64 (deduplicated); plus the default
+    assert "default" in cands and 7 <= len(cands) <= 9
+    best = max(cands.values(), key=lambda c: c["expected_tokens_per_s"])
+    assert {k: tree[k] for k in ("depth", "total_tokens", "draft_top_k")} == {
+        k: best[k] for k in ("depth", "total_tokens", "draft_top_k")
+    }
+    kw = {k: best[k] for k in ("depth", "total_tokens", "draft_top_k")}
+    assert best["measured_accept_length"] == measure_tau(model, prompts, {"x": kw}, 8)["x"] >= 1.0
+    for c in cands.values():
+        assert c["expected_tokens_per_s"] == pytest.approx(
+            c["measured_accept_length"] / (prof["step_s"][c["total_tokens"] - 1] + draft[c["depth"]])
+        )
