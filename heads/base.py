@@ -19,6 +19,7 @@ from torch import nn
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+TREE_NAME = "tree.json"  # optional: the draft tree tuned for these heads (scripts/tune_tree.py)
 
 # head_type -> (config class, module class); filled by each head file via `register`.
 REGISTRY: dict[str, tuple[type[HeadConfig], type[nn.Module]]] = {}
@@ -35,12 +36,20 @@ def library_version() -> str:
 
 @dataclass
 class HeadConfig:
-    """Fields common to all head types. ``hidden_size``/``vocab_size`` are the target's (0 = not set yet)."""
+    """Fields common to all head types. ``hidden_size``/``vocab_size`` are the target's (0 = not set yet).
+
+    ``target_adapter``: the PEFT adapter the target carried in training (a Hub id or path, or a path
+    relative to the heads directory, e.g. ``"adapter"`` for Medusa-2's own LoRA); None = the plain
+    target. ``target_adapter_sha256`` is its weight file's hash (`heads.graft.adapter_fingerprint`), so
+    the same adapter is recognised under another path. Heads only fit the target they were trained on.
+    """
 
     head_type: ClassVar[str] = ""
     hidden_size: int = 0
     vocab_size: int = 0
     base_model_name_or_path: str | None = None
+    target_adapter: str | None = None
+    target_adapter_sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size < 0 or self.vocab_size < 0:
@@ -79,6 +88,77 @@ class HeadConfig:
                 f"{self.head_type} heads were trained for {self.base_model_name_or_path!r} and do not fit target "
                 f"{name!r}: " + "; ".join(problems)
             )
+        self.check_adapter(target)
+
+    def record_adapter(self, target: nn.Module) -> None:
+        """Note the PEFT adapter ``target`` carries (see `heads.graft.adapter_info`) in this config."""
+        from heads.graft import adapter_info
+
+        info = adapter_info(target) or {}
+        self.target_adapter = info.get("name_or_path")
+        self.target_adapter_sha256 = info.get("sha256")
+
+    def check_adapter(self, target: nn.Module) -> None:
+        """Raise ``ValueError`` unless ``target`` carries the PEFT adapter these heads were trained with.
+
+        An adapter changes the target's hidden states and logits, so heads trained on the plain model
+        and heads trained on an adapted one are not interchangeable. Two adapters are told apart by
+        the hash of their weights when both are known, else by their Hub ids; an adapter of unknown
+        origin (a ``PeftModel`` built by the caller) is accepted for heads that recorded one.
+        """
+        from heads.graft import adapter_info
+
+        info = adapter_info(target)
+        base = self.base_model_name_or_path
+        if self.target_adapter is None and info is None:
+            return
+        if info is None:
+            raise ValueError(
+                f"{self.head_type} heads were trained on {base!r} with the PEFT adapter {self.target_adapter!r}, "
+                "but the target has no adapter: load the target with it (infer.load(target, heads) does, or "
+                "heads.load_target(..., adapter=...))"
+            )
+        theirs = info["name_or_path"] or "a PeftModel"
+        if self.target_adapter is None:
+            raise ValueError(
+                f"the target carries the PEFT adapter {theirs!r} but these {self.head_type} heads were trained "
+                f"on the plain {base!r}: load the target without the adapter, or train heads on the adapted "
+                "target (target.adapter in the training config)"
+            )
+        mine, sha = self.target_adapter, info["sha256"]
+        if self.target_adapter_sha256 and sha:
+            differ = self.target_adapter_sha256 != sha
+        else:  # without both hashes, only two Hub ids ("org/name") can be compared by name
+            ids = [
+                n for n in (mine, info["name_or_path"]) if n and n.count("/") == 1 and not os.path.exists(n)
+            ]
+            differ = len(ids) == 2 and ids[0] != ids[1]
+        if differ:
+            raise ValueError(
+                f"{self.head_type} heads were trained on {base!r} with the PEFT adapter {mine!r} "
+                f"(sha256 {str(self.target_adapter_sha256)[:12]}), but the target carries another adapter, "
+                f"{theirs!r} (sha256 {str(sha)[:12]}): load the target with the heads' adapter"
+            )
+
+
+def adapter_location(directory: str | None, recorded: str) -> str:
+    """Where to load a heads config's ``target_adapter`` from: inside the heads ``directory`` if it is
+    there (a relative path, as Medusa-2 saves its LoRA in ``adapter/``), else the recorded id or path.
+    A bare name (no ``/``) that the directory does not hold is a ``FileNotFoundError``."""
+    inside = None if directory is None or os.path.isabs(recorded) else os.path.join(directory, recorded)
+    if inside is not None and os.path.isdir(inside):
+        return inside
+    if "/" not in recorded:
+        where = f"in {directory!r}" if directory is not None else "(heads given as a module: pass adapter=)"
+        raise FileNotFoundError(f"the heads' PEFT adapter {recorded!r} is not found {where}")
+    from heads.graft import looks_local
+
+    if looks_local(recorded) and not os.path.isdir(os.path.expanduser(recorded)):
+        raise FileNotFoundError(
+            f"the heads were trained with the PEFT adapter {recorded!r}, which is not on this machine: "
+            "pass adapter= (that adapter's directory or Hub id)"
+        )
+    return recorded
 
 
 def register(config_cls: type[HeadConfig], module_cls: type[nn.Module]) -> None:
@@ -126,9 +206,10 @@ def resolve_dir(path_or_id: str, revision: str | None = None) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(
-            path_or_id, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"]
-        )
+        # The two pickle names are original Medusa / EAGLE checkpoints for `heads.convert.import_heads`,
+        # which reads them only with torch.load(weights_only=True).
+        patterns = ["*.json", "*.safetensors", "*.md", "medusa_lm_head.pt", "pytorch_model.bin"]
+        return snapshot_download(path_or_id, revision=revision, allow_patterns=patterns)
     except Exception as e:  # the hub raises many types; the user needs the id and the reason
         raise OSError(f"could not fetch heads {path_or_id!r} from the Hugging Face Hub: {e}") from e
 
@@ -152,17 +233,35 @@ def load_heads(
     device=None,
     dtype=None,
 ) -> nn.Module:
-    """Load heads saved by `save_heads` from a local dir or Hub id; check them against ``target`` if given."""
+    """Load heads saved by `save_heads` from a local dir or Hub id; check them against ``target`` if given.
+
+    A directory whose ``config.json`` has no selfspec ``head_type`` (an original Medusa / EAGLE / EAGLE-3
+    checkpoint, or one exported for vLLM/SGLang) is imported by `heads.convert.import_heads`; EAGLE and
+    EAGLE-3 imports need ``target``.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     directory = resolve_dir(path_or_id, revision)
     raw = read_config(directory)
+    if "head_type" not in raw:  # Medusa / EAGLE / EAGLE-3 in the original or an engine's layout
+        from heads.convert import import_heads
+
+        heads = import_heads(directory, raw, target)
+        if target is not None:
+            heads.config.check_target(target)
+            device = next(target.parameters()).device if device is None else device
+        return heads.to(device=device, dtype=dtype).eval()
     head_type = raw.get("head_type")
     if head_type not in REGISTRY:
         raise ValueError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(REGISTRY)}")
     config_cls, module_cls = REGISTRY[head_type]
     config = config_cls.from_dict(raw)
+    inside = config.target_adapter and os.path.join(directory, config.target_adapter)
+    if config.target_adapter_sha256 is None and inside and os.path.isdir(inside):
+        from heads.graft import adapter_fingerprint
+
+        config.target_adapter_sha256 = adapter_fingerprint(inside)  # the adapter saved with the heads
     if target is not None:
         config.check_target(target)
     heads = module_cls(config)
@@ -178,6 +277,62 @@ def load_heads(
         raise ValueError(
             f"{wpath} does not match {head_type} heads with this config: missing {missing}, unexpected {unexpected}"
         )
+    tree = read_tree(directory, config)
+    if tree is not None:  # infer.SpecModel drafts with it unless the caller passes a tree / budget
+        if head_type == "medusa":
+            heads.tree = tree["paths"]
+        else:
+            heads.dynamic_tree = {k: tree[k] for k in ("depth", "draft_top_k", "total_tokens")}
     if target is not None and device is None:
         device = next(target.parameters()).device
     return heads.to(device=device, dtype=dtype).eval()
+
+
+def read_tree(directory: str, config: HeadConfig) -> dict[str, Any] | None:
+    """The validated ``tree.json`` next to the heads, or None if there is none.
+
+    Static-tree heads (Medusa): ``{"paths": [[0], [0, 0], [1], ...]}``, a prefix-closed list of rank paths
+    no deeper than the number of heads. Dynamic-tree heads (EAGLE-1/2/3): ``{"total_tokens", "depth",
+    "draft_top_k"}``, EAGLE-2's budget. A ``"tuning"`` entry (the measurements behind the choice) is kept
+    for the record and ignored. Anything else raises ``ValueError`` naming the file.
+    """
+    path = os.path.join(directory, TREE_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            tree = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    static = config.head_type == "medusa"
+    keys = {"paths"} if static else {"total_tokens", "depth", "draft_top_k"}
+    if not isinstance(tree, dict) or not keys <= set(tree) or set(tree) - keys - {"tuning"}:
+        found = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+        raise ValueError(
+            f"{path}: {config.head_type} heads need exactly the keys {sorted(keys)}, found {found}"
+        )
+    if static:
+        from infer.tree import validate_paths
+
+        paths = tree["paths"]
+        if not isinstance(paths, list) or not all(
+            isinstance(p, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in p)
+            for p in paths
+        ):
+            raise ValueError(f"{path}: 'paths' must be a list of lists of int ranks")
+        try:
+            validate_paths(paths)
+        except ValueError as e:
+            raise ValueError(f"{path}: invalid tree: {e}") from e
+        depth = max((len(p) for p in paths), default=0)
+        if depth > config.num_heads:
+            raise ValueError(
+                f"{path}: tree depth {depth} needs {depth} heads, these heads have {config.num_heads}"
+            )
+        return {"paths": paths}
+    minimum = {"total_tokens": 2, "depth": 1, "draft_top_k": 1}
+    for k, lo in minimum.items():
+        v = tree[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{path}: {k!r} must be an int >= {lo}, got {v!r}")
+    return {k: tree[k] for k in minimum}

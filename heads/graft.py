@@ -77,12 +77,21 @@ def load_target(
     device: str | torch.device | None = None,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    adapter: str | None = None,
+    adapter_revision: str | None = None,
+    merge: bool = False,
 ) -> nn.Module:
-    """Load a frozen causal LM from a Hub id or a local directory.
+    """Load a frozen causal LM from a Hub id or a local directory, optionally with a PEFT adapter on it.
 
     ``dtype="auto"`` keeps the dtype stored in the model's config. The model is returned in eval mode
     with ``requires_grad=False`` on every parameter. A missing local path or an unreachable Hub id is
     a ``FileNotFoundError``/``OSError`` that names what was asked for.
+
+    ``adapter`` (a PEFT adapter directory or Hub id, e.g. a LoRA) is applied on top: the heads then train
+    on, and verify against, the *adapted* model. ``merge=True`` folds it into the weights
+    (``merge_and_unload``: a plain transformers model, as fast as the base); ``merge=False`` keeps the
+    ``PeftModel`` (W x + B A x computed apart). Either way the model remembers which adapter it carries
+    (`adapter_info`), so heads trained on it can check they get the same adapted target.
     """
     from transformers import AutoModelForCausalLM
 
@@ -102,7 +111,171 @@ def load_target(
         raise OSError(f"could not load target model {name_or_path!r}{offline}: {e}") from e
     if device is not None:
         model.to(device)
+    if adapter is not None:
+        model = _apply_adapter(model, name_or_path, adapter, adapter_revision, merge)
+    elif merge:
+        raise ValueError("merge=True needs an adapter to merge")
     return freeze(model)
+
+
+ADAPTER_ATTR = "_selfspec_adapter"  # set by `load_target` on a model that carries a PEFT adapter
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model inside a ``PeftModel`` (its LoRA layers stay injected), else ``model``."""
+    get_base = getattr(model, "get_base_model", None) if hasattr(model, "peft_config") else None
+    return get_base() if callable(get_base) else model
+
+
+def adapter_info(model: nn.Module) -> dict | None:
+    """Which PEFT adapter ``model`` carries: None for a plain model.
+
+    A model loaded by `load_target` with an adapter gives ``{"name_or_path", "sha256", "merged"}``
+    (``sha256`` of the adapter's weight file, or None if it could not be read). A ``PeftModel`` built
+    elsewhere gives ``{"name_or_path": None, "sha256": None, "merged": False}``: an adapter, but unknown.
+    """
+    info = getattr(model, ADAPTER_ATTR, None)
+    if info is not None:
+        return dict(info)
+    peft_wrapped = hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None))
+    if peft_wrapped or getattr(model, "_hf_peft_config_loaded", False):  # PeftModel or model.load_adapter
+        return {"name_or_path": None, "sha256": None, "merged": False}
+    return None
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def adapter_weights_file(adapter: str, revision: str | None = None) -> str | None:
+    """The weight file of a PEFT adapter (local directory, or a Hub id already in the local cache), or None."""
+    local = os.path.expanduser(adapter)
+    if os.path.isdir(local):
+        return next(
+            (os.path.join(local, f) for f in ADAPTER_WEIGHTS if os.path.isfile(os.path.join(local, f))), None
+        )
+    if looks_local(adapter):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    for f in ADAPTER_WEIGHTS:
+        hit = try_to_load_from_cache(adapter, f, revision=revision)
+        if isinstance(hit, str):
+            return hit
+    return None
+
+
+def adapter_fingerprint(adapter: str, revision: str | None = None) -> str | None:
+    """sha256 of a PEFT adapter's weight file (`adapter_weights_file`); None when there is none.
+
+    Two adapters with the same fingerprint are the same weights whatever their path or name, which
+    is what heads trained on an adapted target need to know.
+    """
+    import hashlib
+
+    path = adapter_weights_file(adapter, revision)
+    if path is None:
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _unloaded_modules(peft_model: nn.Module, weights: str | None) -> list[str]:
+    """Modules whose adapter weights the file holds but the model has no slot for.
+
+    peft wraps only the ``target_modules`` it finds and, when at least one matches, loads the rest of
+    the file non-strictly: weights for modules the target lacks would be dropped without a word.
+    """
+    if weights is None or not weights.endswith(".safetensors"):
+        return []
+    from peft import get_peft_model_state_dict
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        saved = set(f.keys())
+    lost = saved - set(get_peft_model_state_dict(peft_model))
+    return sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in lost})
+
+
+def _module_names(model: nn.Module, limit: int = 12) -> list[str]:
+    """Distinct leaf names of the layers LoRA can wrap (Linear, Embedding, GPT-2's Conv1D)."""
+    names = {
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if n
+        and not list(m.children())
+        and hasattr(m, "weight")
+        and m.weight is not None
+        and m.weight.dim() == 2
+    }
+    return sorted(names)[:limit]
+
+
+def _apply_adapter(
+    model: nn.Module, name_or_path: str, adapter: str, revision: str | None, merge: bool
+) -> nn.Module:
+    """``PeftModel.from_pretrained(model, adapter)`` with errors that name the adapter and the target:
+    weights of other shapes (an adapter for another base model) and LoRA modules the target lacks."""
+    import warnings
+
+    from peft import PeftConfig, PeftModel
+
+    local = os.path.expanduser(adapter)
+    if looks_local(adapter) or os.path.isdir(local):
+        if not os.path.isdir(local):
+            raise FileNotFoundError(f"adapter directory not found: {adapter!r}")
+        if not os.path.isfile(os.path.join(local, "adapter_config.json")):
+            raise FileNotFoundError(
+                f"{os.path.join(adapter, 'adapter_config.json')} is missing: {adapter!r} is not a PEFT adapter"
+            )
+        adapter = local
+    try:
+        pcfg = PeftConfig.from_pretrained(adapter, revision=revision)
+    except (OSError, ValueError) as e:
+        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+        raise OSError(f"could not load the PEFT adapter config of {adapter!r}{offline}: {e}") from e
+    trained_on = getattr(pcfg, "base_model_name_or_path", None)
+    if trained_on and os.path.basename(trained_on.rstrip("/")) != os.path.basename(name_or_path.rstrip("/")):
+        warnings.warn(
+            f"adapter {adapter!r} was made for {trained_on!r}, loading it onto {name_or_path!r}",
+            stacklevel=3,
+        )
+    made_for = f" (made for {trained_on!r})" if trained_on else ""
+    real_names = _module_names(model)  # before peft wraps the layers in place
+
+    def missing_modules(modules: list[str]) -> ValueError:
+        return ValueError(
+            f"adapter {adapter!r}{made_for} wraps modules {modules} that target {name_or_path!r} does not "
+            f"have (its layers are named e.g. {real_names}): the adapter was made for another "
+            "architecture, or its target_modules are wrong"
+        )
+
+    try:
+        peft_model = PeftModel.from_pretrained(model, adapter, revision=revision, is_trainable=False)
+    except RuntimeError as e:  # load_state_dict: "size mismatch for ..."
+        if "size mismatch" not in str(e):
+            raise
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), "")
+        raise ValueError(
+            f"adapter {adapter!r}{made_for} does not fit target {name_or_path!r}: its weights have other "
+            f"shapes, so it was made for another base model ({first})"
+        ) from None
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        if "not found in the base model" not in str(e):
+            raise
+        raise missing_modules(sorted(getattr(pcfg, "target_modules", None) or [])) from None
+    lost = _unloaded_modules(peft_model, adapter_weights_file(adapter, revision))
+    if lost:
+        raise missing_modules(lost)
+    info = {"name_or_path": adapter, "sha256": adapter_fingerprint(adapter, revision), "merged": merge}
+    if merge:
+        model = peft_model.merge_and_unload()
+    else:
+        model = peft_model
+    setattr(model, ADAPTER_ATTR, info)
+    return model
 
 
 def target_dims(model: nn.Module) -> tuple[int, int]:
@@ -138,7 +311,8 @@ def run_target(
     passed under the name this transformers version uses (``cache`` or ``past_key_values``).
     """
     if "cache" in forward_kwargs:  # transformers renamed past_key_values -> cache during 5.x
-        forward_kwargs[_cache_kwarg(type(model))] = forward_kwargs.pop("cache")
+        # A PeftModel forwards **kwargs to the model it wraps, so the name is that model's.
+        forward_kwargs[_cache_kwarg(type(unwrap_peft(model)))] = forward_kwargs.pop("cache")
     out = model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **forward_kwargs
     )

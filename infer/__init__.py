@@ -52,7 +52,9 @@ class SpecModel:
         total_tokens: int | None = None,
     ) -> Proposer:
         """The heads' proposer. ``tree`` is for static-tree heads (Medusa); ``depth``/``draft_top_k``/
-        ``total_tokens`` shape EAGLE-2 dynamic trees of EAGLE-1/2/3 heads (defaults 6 / 8 / 48)."""
+        ``total_tokens`` shape EAGLE-2 dynamic trees of EAGLE-1/2/3 heads. Unset arguments come from the
+        heads' tuned ``tree.json`` (``heads.tree`` / ``heads.dynamic_tree``, `heads.base.read_tree`) if
+        it exists, else the defaults (Medusa: `default_tree`; EAGLE: 6 / 8 / 48)."""
         kind = self.heads.config.head_type
         dynamic = {"depth": depth, "draft_top_k": draft_top_k, "total_tokens": total_tokens}
         dynamic = {k: v for k, v in dynamic.items() if v is not None}
@@ -62,7 +64,8 @@ class SpecModel:
                     "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"
                 )
             embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
-            return EagleProposer(self.heads, embed, lm_head, **dynamic)
+            tuned = getattr(self.heads, "dynamic_tree", None) or {}
+            return EagleProposer(self.heads, embed, lm_head, **(tuned | dynamic))
         if dynamic:
             raise ValueError(f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {kind!r}")
         if kind == "medusa":
@@ -86,22 +89,49 @@ def load(
     revision: str | None = None,
     heads_revision: str | None = None,
     tree: list[list[int]] | None = None,
+    adapter: str | None = None,
+    adapter_revision: str | None = None,
+    merge: bool = False,
 ) -> SpecModel:
     """Load a frozen target (Hub id, local dir or model) and heads (Hub id, local dir or module).
 
     Heads trained for a target of another vocab or hidden size are rejected with a ``ValueError``.
+    Heads trained on a target with a PEFT adapter (``config.target_adapter``) get the target loaded with
+    that adapter in the same call (one saved inside the heads directory, as Medusa-2 saves its LoRA, or
+    the recorded id/path), unless ``adapter`` names one; ``merge=True`` merges it into the weights.
+    Heads and target with different adapters (or one with and one without) are a ``ValueError``.
     """
     from heads import load_heads, load_target
+    from heads.base import adapter_location, read_config, resolve_dir
 
+    if isinstance(heads, str):
+        heads_dir = resolve_dir(heads, heads_revision)
+        recorded = read_config(heads_dir).get("target_adapter")
+    else:
+        heads_dir, recorded = None, getattr(heads.config, "target_adapter", None)
     if isinstance(target, str):
+        if adapter is None and recorded is not None:
+            adapter = adapter_location(heads_dir, recorded)
         tokenizer = _maybe_tokenizer(target, revision)
         target = load_target(
-            target, revision=revision, dtype=dtype, device=device, attn_implementation=attn_implementation
+            target,
+            revision=revision,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation,
+            adapter=adapter,
+            adapter_revision=adapter_revision,
+            merge=merge,
         )
     else:
+        if adapter is not None or merge:
+            raise ValueError(
+                "adapter=/merge= apply when the target is a name or path; for a model in memory, load it "
+                "with heads.load_target(..., adapter=...) or wrap it in peft's PeftModel yourself"
+            )
         tokenizer = None
     if isinstance(heads, str):
-        heads = load_heads(heads, target, revision=heads_revision)
+        heads = load_heads(heads_dir, target)
     p = next(target.parameters())
     heads = heads.to(device=p.device, dtype=p.dtype).eval()
     return SpecModel(target, heads, tree=tree, tokenizer=tokenizer)
@@ -137,6 +167,7 @@ def generate(
     depth: int | None = None,
     draft_top_k: int | None = None,
     total_tokens: int | None = None,
+    timing: bool = False,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
 
@@ -148,6 +179,8 @@ def generate(
     calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new] and ``stats``.
     ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
     max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
+    ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None otherwise;
+    on CUDA it synchronises around each section, so leave it off when not measuring).
     """
     return speculative_generate(
         model.target,
@@ -166,4 +199,5 @@ def generate(
         typical_delta=typical_delta,
         generator=generator,
         attention_mask_2d=attention_mask,
+        timing=timing,
     )

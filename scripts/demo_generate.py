@@ -43,6 +43,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=128, help="truncate prompts to their last N tokens")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="heads with a PEFT adapter (Medusa-2): merge it into the target weights (base-model speed)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
 
@@ -53,7 +58,7 @@ def main() -> None:
     if size:
         target = demo.ensure_demo_target(size)
     prompts_path = demo.ensure_demo_data(size=size or "full")["prompts"]
-    model = infer.load(target, heads=args.heads, dtype=args.dtype)
+    model = infer.load(target, heads=args.heads, dtype=args.dtype, merge=args.merge)
     tok = model.tokenizer
     with open(prompts_path) as f:
         texts = [json.loads(line)["text"] for line in f][: args.prompts]

@@ -6,7 +6,9 @@ A run is described by one `RunConfig`:
     heads:   which head type and its hyper-parameters            (`HeadsConfig`)
     data:    where the training text comes from                  (`train.data.DataConfig`)
     train:   optimisation, evaluation, logging and checkpoints   (`TrainConfig`)
+    joint:   Medusa-2: LoRA on the target trained with the heads (`JointConfig`, off by default)
     + output_dir, resume, report_to, wandb_project, run_name
+    + push_to_hub, hub_model_id, hub_private, hub_strategy (upload the heads, `heads.hub`)
 
 `load_config(path, overrides)` layers, in order: the dataclass defaults, the YAML file, then the
 ``key=value`` overrides (``train.lr=1e-3 output_dir=out/x``), all through OmegaConf structured
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
+HUB_STRATEGIES = ("end", "every_save")
 # Head types the training loop knows how to compute a loss for (`train.train_heads.batch_loss`).
 TRAINABLE_HEADS = ("medusa", "eagle", "eagle3")
 
@@ -44,12 +48,19 @@ class TargetConfig:
     revision: str | None = None
     dtype: str = "auto"  # "auto" keeps the dtype stored with the model; or bf16 / fp16 / fp32
     attn_implementation: str | None = None  # None = transformers' default (sdpa); or "eager", ...
+    adapter: str | None = None  # PEFT adapter dir or Hub id: heads train on the adapted target
+    adapter_revision: str | None = None  # Hub revision of the adapter
+    merge: bool = False  # fold the adapter into the weights (faster forward); False keeps the PeftModel
 
     def __post_init__(self) -> None:
         if not self.name_or_path:
             raise ValueError("target.name_or_path is empty: give a Hub id, a local model directory or 'demo'")
         if self.dtype not in DTYPES:
             raise ValueError(f"target.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.adapter is None and (self.merge or self.adapter_revision is not None):
+            raise ValueError("target.merge and target.adapter_revision need target.adapter (a PEFT adapter)")
+        if self.adapter is not None and not self.adapter:
+            raise ValueError("target.adapter is empty: give a PEFT adapter directory or Hub id, or null")
 
 
 @dataclass
@@ -100,6 +111,7 @@ class HeadsConfig:
             elif value != f.default:
                 raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
         reserved = {"hidden_size", "vocab_size", "base_model_name_or_path", "target_config"}
+        reserved |= {"target_adapter", "target_adapter_sha256"}  # set from the target (target.adapter)
         bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
         if bad:
             valid = sorted(names - reserved - set(kwargs))
@@ -174,6 +186,75 @@ class TrainConfig:
             raise ValueError("; ".join(problems))
 
 
+HEADS_COEF_SCHEDULES = ("constant", "linear", "sine")
+
+
+@dataclass
+class JointConfig:
+    """Medusa-2 joint training (Cai et al. 2024, §2.3): LoRA on the backbone (``peft``) + the heads.
+
+    loss = L_backbone + heads_coef(s) · Σ_k decay**k · L_k, where L_backbone is KL(p_original ‖ p_adapted)
+    with ``self_distill`` (the original = the same model with its adapter disabled) and next-token CE
+    without. heads_coef(s) warms up over ``heads_coef_warmup_steps`` joint steps: constant = heads_coef;
+    linear = heads_coef · min(1, s/W); sine = heads_coef · sin(π/2 · min(1, s/W)). The first
+    ``heads_only_steps`` optimizer steps (stage 1) train only the heads, on the frozen backbone.
+    """
+
+    enabled: bool = False  # False: Medusa-1 (frozen target, heads only)
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: float = 16.0  # LoRA scaling numerator (scale = alpha / r)
+    lora_dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    heads_coef: float = 0.2  # weight of the heads' loss next to the backbone's
+    heads_coef_schedule: str = "constant"  # constant | linear | sine warm-up of heads_coef
+    heads_coef_warmup_steps: int = 0  # joint steps to reach heads_coef (linear / sine)
+    head_lr_multiplier: float = 4.0  # the heads' lr = train.lr x this (the LoRA weights get train.lr)
+    heads_only_steps: int = 0  # stage 1: this many steps of heads only, then joint (0 = joint from the start)
+    self_distill: bool = False  # backbone term = KL to the un-adapted model (True) or next-token CE (False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.heads_coef < 0:
+            problems.append(f"joint.heads_coef must be >= 0, got {self.heads_coef}")
+        if self.heads_coef_schedule not in HEADS_COEF_SCHEDULES:
+            problems.append(
+                f"joint.heads_coef_schedule must be one of {', '.join(HEADS_COEF_SCHEDULES)}; "
+                f"got {self.heads_coef_schedule!r}"
+            )
+        for name in ("heads_coef_warmup_steps", "heads_only_steps"):
+            if getattr(self, name) < 0:
+                problems.append(f"joint.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.head_lr_multiplier > 0:
+            problems.append(f"joint.head_lr_multiplier must be > 0, got {self.head_lr_multiplier}")
+        if self.lora_r < 1:
+            problems.append(f"joint.lora_r must be >= 1, got {self.lora_r}")
+        if not self.lora_alpha > 0:
+            problems.append(f"joint.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(f"joint.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.enabled and not self.target_modules:
+            problems.append("joint.target_modules is empty: name the backbone modules that get LoRA")
+        if self.self_distill and not self.enabled:
+            problems.append(
+                "joint.self_distill needs LoRA on the backbone (joint.enabled: true): without an adapter "
+                "there is nothing to distil into"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def heads_coef_at(self, step: int) -> float:
+        """heads_coef at optimizer step ``step`` (0-based, counted over the whole run). Stage 1 steps
+        (``step < heads_only_steps``) train the heads alone and return 1.0 (their loss is the whole loss)."""
+        s = step - self.heads_only_steps
+        if s < 0:
+            return 1.0
+        W = self.heads_coef_warmup_steps
+        frac = 1.0 if self.heads_coef_schedule == "constant" or W == 0 else min(1.0, s / W)
+        if self.heads_coef_schedule == "sine":
+            frac = math.sin(math.pi / 2 * frac)
+        return self.heads_coef * frac
+
+
 @dataclass
 class RunConfig:
     """Everything one training run needs; `load_config` builds it from YAML + overrides."""
@@ -182,17 +263,30 @@ class RunConfig:
     heads: HeadsConfig = field(default_factory=HeadsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    joint: JointConfig = field(default_factory=JointConfig)  # Medusa-2 (off by default)
     output_dir: str = "out/medusa"  # final heads here; checkpoints under output_dir/checkpoints/step-N
     resume: str | None = None  # None: start fresh; "auto": latest checkpoint in output_dir if any; or a path
     report_to: str = "none"  # "none" | "wandb"
     wandb_project: str = "selfspec"
     run_name: str | None = None  # wandb run name (None = wandb picks one)
+    # Hub upload of the heads (+ model card), as transformers' Trainer names it. The token is never a config
+    # key: `hf auth login` or HF_TOKEN, checked when the run starts.
+    push_to_hub: bool = False
+    hub_model_id: str | None = None  # "your-name/heads-name" (required with push_to_hub)
+    hub_private: bool | None = None  # create the repo private / public; None = the Hub's default
+    hub_strategy: str = "end"  # "end": push the final heads | "every_save": also the heads at each checkpoint
 
     def __post_init__(self) -> None:
         if not self.output_dir:
             raise ValueError("output_dir is empty")
         if self.report_to not in REPORT_TO:
             raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}; got {self.report_to!r}")
+        self._check_hub()
+        if self.joint.enabled and self.heads.type != "medusa":
+            raise ValueError(
+                f"joint training (Medusa-2, joint.enabled: true) needs heads.type: medusa, got "
+                f"{self.heads.type!r}; train {self.heads.type} heads on the frozen target (joint.enabled: false)"
+            )
         if (
             self.resume is not None
             and self.resume != "auto"
@@ -201,6 +295,26 @@ class RunConfig:
             raise FileNotFoundError(
                 f"resume: checkpoint directory not found: {self.resume!r} (use 'auto' or null)"
             )
+
+    def _check_hub(self) -> None:
+        if self.hub_strategy not in HUB_STRATEGIES:
+            raise ValueError(
+                f"hub_strategy must be one of {', '.join(HUB_STRATEGIES)}; got {self.hub_strategy!r}"
+            )
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError(
+                "push_to_hub is true but hub_model_id is not set: name the Hub repo, e.g. "
+                "hub_model_id=your-name/my-heads"
+            )
+        if self.hub_model_id:
+            from huggingface_hub.utils import validate_repo_id
+
+            try:
+                validate_repo_id(self.hub_model_id)
+            except ValueError as e:
+                raise ValueError(
+                    f"hub_model_id {self.hub_model_id!r} is not a valid Hub repo id: {e}"
+                ) from None
 
 
 def _config_error(e: Exception) -> ValueError:

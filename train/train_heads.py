@@ -14,11 +14,18 @@ eagle, eagle3) picks the loss (`batch_loss`); everything else is shared. With ``
 target only runs for the held-out eval (it still provides the embedding and lm_head). One optimizer
 step = ``train.grad_accum`` micro-batches of ``train.batch_size`` sequences on each process.
 
+Medusa-2 (``joint.enabled``, configs/demo-medusa2.yaml) instead trains a LoRA adapter on the target (peft)
+with the heads: both are prepared as one `JointModel` (ZeRO-2 at most), the base weights stay frozen,
+and checkpoints hold only the trainable tensors (LoRA + heads). See `joint_batch_loss`.
+
 Output layout (``output_dir``):
     config.json, model.safetensors   the heads of the eval with the best simulated acceptance length τ
                                      (`heads.base.load_heads` reads them; the last eval's if no eval data)
     train_config.yaml                the full resolved run config
+    README.md                        model card: base model, config, data, accuracy, τ (`heads.hub`)
     eval_results.json                that eval's held-out metrics (+ ``last``: the final step's)
+    adapter/                         Medusa-2 (``joint.enabled``) only: the LoRA adapter of the same step
+                                     (PEFT files; the heads' config says ``target_adapter: adapter``)
     best/                            during the run only: a copy of the best intermediate heads
     metrics.jsonl                    every logged train/eval record
     checkpoints/step-N/              `accelerator.save_state` + trainer_state.json, written atomically
@@ -81,6 +88,7 @@ class Run:
     # The best simulated acceptance length τ seen in eval and its step: `save_final` keeps those heads.
     best_accept_length: float = -math.inf
     best_step: int | None = None
+    last_eval: dict[str, Any] | None = None  # the latest eval and its step (cards of pushed checkpoints)
 
     @property
     def is_main(self) -> bool:
@@ -182,9 +190,15 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
     set_seed(cfg.train.seed)
     plugin = _deepspeed_plugin(accelerator)
     tcfg = cfg.train
+    if cfg.joint.enabled:
+        check_joint(cfg, plugin)
 
     # Demo assets and the datasets cache are built by the main process first; the others then load them.
     def load_inputs():
+        if cfg.push_to_hub and accelerator.is_main_process:
+            from heads.hub import resolve_token
+
+            resolve_token(None, cfg.hub_model_id)  # no token: fail now, not after hours of training
         resolved = resolve_demo(cfg)
         name = resolved.target.name_or_path
         if looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
@@ -217,6 +231,9 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
             dtype=cfg.target.dtype,
             device=accelerator.device,
             attn_implementation=cfg.target.attn_implementation,
+            adapter=cfg.target.adapter,
+            adapter_revision=cfg.target.adapter_revision,
+            merge=cfg.target.merge,
         )
         text_cfg = target.config.get_text_config()
         max_pos = getattr(text_cfg, "max_position_embeddings", None)
@@ -230,9 +247,16 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
             )
         module_cls = REGISTRY[cfg.heads.type][1]
         heads = module_cls.for_target(target, **cfg.heads.head_kwargs()).float()
+        heads.config.record_adapter(target)  # heads trained on base + adapter only fit base + adapter
     if cfg.heads.type == "eagle3" and heads.config.draft_vocab_size is not None:
         # Every process counts the same dataset (cheap and deterministic), so all get the same map.
         install_vocab_map(heads, token_ds, accelerator.print)
+    if cfg.joint.enabled:  # Medusa-2: LoRA on the backbone, trained with the heads as one module
+        target = add_lora(target, cfg.joint, name)
+        heads.config.target_adapter = ADAPTER_DIR  # saved beside the heads (`save_adapter`)
+        heads = JointModel(target, heads)
+        if plugin is None:
+            accelerator.register_save_state_pre_hook(_drop_frozen_weights)
     trainable = [p for p in heads.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("these heads have no trainable parameter (num_layers=0 with lm_head=target?)")
@@ -252,7 +276,14 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
         collate_fn=functools.partial(collate, pad_token_id=pad_id),
         num_workers=tcfg.num_workers,
     )
-    adamw = torch.optim.AdamW(trainable, lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
+    groups: list[dict[str, Any]] = [{"params": trainable}]
+    if cfg.joint.enabled:  # the heads learn joint.head_lr_multiplier x faster than the LoRA weights
+        mine = {id(p) for p in heads.heads.parameters()}
+        groups = [
+            {"params": [p for p in trainable if id(p) not in mine], "lr": tcfg.lr},
+            {"params": [p for p in trainable if id(p) in mine], "lr": tcfg.lr * cfg.joint.head_lr_multiplier},
+        ]
+    adamw = torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
     if plugin is not None:  # DeepSpeed clips itself, from its config
         ds = plugin.deepspeed_config
         if ds.get("gradient_clipping", "auto") == "auto":
@@ -290,8 +321,9 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
     n_heads = sum(p.numel() for p in trainable)
     run.print(
         f"target {name} ({n_target / 1e6:.1f}M params, {num_layers(target)} layers, {next(target.parameters()).dtype}) | "
-        f"{cfg.heads.type} heads {n_heads / 1e6:.2f}M trainable params | "
-        f"data {len(train_ds)} train / {len(eval_ds)} eval sequences | "
+        f"{cfg.heads.type} heads {n_heads / 1e6:.2f}M trainable params"
+        + (f" (+ LoRA r={cfg.joint.lora_r}, Medusa-2) | " if cfg.joint.enabled else " | ")
+        + f"data {len(train_ds)} train / {len(eval_ds)} eval sequences | "
         f"{accelerator.num_processes} process(es) x batch {tcfg.batch_size} x accum {tcfg.grad_accum} | "
         f"{total_steps} steps ({steps_per_epoch}/epoch) | precision {accelerator.mixed_precision}"
         + (f" | DeepSpeed ZeRO-{plugin.zero_stage}" if plugin is not None else "")
@@ -347,7 +379,7 @@ def target_forward(run: Run, batch: dict[str, Tensor]):
     """The frozen target over the batch (no grad): `heads.graft.TargetOutput`. EAGLE-3 reads its aux layers
     and all its logits; the others only the last hidden state, so the target skips the full logits.
     A batch of offline features (`collate_features`) already carries them."""
-    from heads.graft import TargetOutput, run_target
+    from heads.graft import TargetOutput, run_target, unwrap_peft
 
     if "hidden" in batch or "aux" in batch:
         aux = tuple(batch["aux"].chunk(3, dim=-1)) if "aux" in batch else ()
@@ -356,8 +388,8 @@ def target_forward(run: Run, batch: dict[str, Tensor]):
     kwargs: dict[str, Any] = {"use_cache": False}
     if run.head_config.head_type == "eagle3":
         kwargs["aux_layers"] = tuple(run.head_config.aux_layer_ids)
-    elif "logits_to_keep" in inspect.signature(run.target.forward).parameters:
-        kwargs["logits_to_keep"] = 1
+    elif "logits_to_keep" in inspect.signature(unwrap_peft(run.target).forward).parameters:
+        kwargs["logits_to_keep"] = 1  # a PeftModel's forward is (*args, **kwargs): ask the model inside
     with torch.no_grad():
         return run_target(run.target, batch["input_ids"], batch["attention_mask"], **kwargs)
 
@@ -372,6 +404,8 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
     from heads.eagle import eagle_train_forward
     from heads.eagle3 import eagle3_train_forward
 
+    if run.cfg.joint.enabled:
+        return joint_batch_loss(run, batch)
     ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     out = target_forward(run, batch)
     kind = run.head_config.head_type
@@ -388,6 +422,146 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
         loss, m = eagle3_train_forward(run.heads, out, ids, am, lm, out.logits, embed)
         return loss, {"loss": m["loss_step"], "top1": m["top1"], "count": m["count"]}
     raise ValueError(f"no training loss for {kind!r} heads")
+
+
+# ---------------------------------------------------------------------------------------------- Medusa-2
+#
+# Joint training (``joint.enabled``): LoRA on the backbone through peft plus the Medusa heads, prepared as
+# one module (`JointModel`) so accelerate/DeepSpeed clip, step and checkpoint both; the base weights stay
+# frozen. The outputs are the heads (with ``target_adapter: adapter``) and ``adapter/`` (PEFT files).
+
+ADAPTER_DIR = "adapter"  # the LoRA adapter's subdirectory next to the heads (output_dir, best/)
+
+
+class JointModel(nn.Module):
+    """The LoRA-adapted backbone (a peft ``PeftModel``) and the Medusa heads as one trainable module.
+
+    ``config`` is the heads' config, so code that reads ``unwrap_model(run.heads).config`` works as for
+    heads alone.
+    """
+
+    def __init__(self, backbone: nn.Module, heads: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.heads = heads
+
+    @property
+    def config(self):
+        return self.heads.config
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, *, teacher: bool = False, backbone_grad: bool = True
+    ) -> dict[str, Tensor | None]:
+        """input_ids, attention_mask: [B, T] -> ``logits`` [B, T, V] of the adapted backbone (only the last
+        position's without ``backbone_grad``, the heads-only stage), ``head_logits`` [K, B, T, V] read off its
+        last post-norm state, and with ``teacher`` the original model's ``teacher_logits`` [B, T, V]
+        (the same backbone under ``disable_adapter()``, no grad), else None."""
+        from heads.graft import run_target
+
+        teacher_logits = None
+        if teacher:
+            with torch.no_grad(), self.backbone.disable_adapter():
+                teacher_logits = run_target(self.backbone, input_ids, attention_mask, use_cache=False).logits
+        kwargs = {} if backbone_grad else {"logits_to_keep": 1}
+        with torch.set_grad_enabled(backbone_grad and torch.is_grad_enabled()):
+            out = run_target(self.backbone, input_ids, attention_mask, use_cache=False, **kwargs)
+        dtype = next(self.heads.parameters()).dtype
+        head_logits = self.heads(out.hidden.to(dtype), self.backbone.get_output_embeddings())
+        return {"logits": out.logits, "head_logits": head_logits, "teacher_logits": teacher_logits}
+
+
+def add_lora(target: nn.Module, cfg: Any, name: str = "target") -> nn.Module:
+    """``peft.get_peft_model(target, LoraConfig(...))`` from the ``joint`` config, after checking that every
+    ``target_modules`` entry names a module of ``target`` (peft skips missing ones when others match).
+    LoRA weights are kept in fp32 on a bf16/fp16 backbone (peft's ``autocast_adapter_dtype``); only they
+    are trainable, B = 0 at init so the adapted model starts equal to the original."""
+    from peft import LoraConfig, get_peft_model
+
+    names = [n for n, _ in target.named_modules() if n]
+    missing = [t for t in cfg.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in target.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"joint.target_modules {missing} match no module of {name!r}; its linear layers are named "
+            f"{linear[:12]}"
+        )
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(target, lora)
+
+
+def check_joint(cfg: RunConfig, plugin) -> None:
+    """Refuse the joint setups this trainer does not support, before anything is loaded."""
+    if plugin is not None and plugin.zero_stage == 3:
+        raise ValueError(
+            "joint training (joint.enabled) is not supported under DeepSpeed ZeRO-3 (untested: the LoRA "
+            "backbone would be partitioned and its adapter would have to be gathered to save); use ZeRO-2"
+        )
+    if getattr(cfg.target, "adapter", None):
+        raise ValueError(
+            f"joint training adds its own LoRA adapter, but target.adapter is {cfg.target.adapter!r}: "
+            "merge that adapter into a model directory first (peft merge_and_unload), or train heads for "
+            "it with joint.enabled: false"
+        )
+
+
+def joint_batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """`batch_loss` for Medusa-2: L_backbone + heads_coef(step) · Σ_k decay**k · L_k (`medusa2_loss`).
+
+    The first ``joint.heads_only_steps`` steps train the heads alone. Under ``torch.no_grad()`` (eval) the
+    original model always runs too, and the metrics carry the backbone's sums (``backbone_count``,
+    ``backbone_ce_sum``, ``backbone_kl_sum``) for the held-out KL(p_original ‖ p_adapted) per token.
+    """
+    from train.losses import backbone_stats, medusa2_loss
+
+    jc = run.cfg.joint
+    ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    training = torch.is_grad_enabled()
+    heads_only = training and run.step < jc.heads_only_steps
+    teacher = not training or (jc.self_distill and not heads_only)
+    out = run.heads(ids, am, teacher=teacher, backbone_grad=not heads_only)
+    heads_loss, m = medusa_loss(out["head_logits"], ids, lm, run.cfg.train.decay)
+    if heads_only:
+        return medusa2_loss(None, heads_loss, 1.0), m
+    bb = backbone_stats(out["logits"], ids, lm, out["teacher_logits"])
+    term = bb["kl_sum"] if jc.self_distill else bb["ce_sum"]
+    loss = medusa2_loss(term / bb["count"].clamp(min=1), heads_loss, jc.heads_coef_at(run.step))
+    if not training:
+        m = m | {f"backbone_{k}": v.detach() for k, v in bb.items()}
+    return loss, m
+
+
+def save_adapter(run: Run, directory: str) -> None:
+    """Main process: the LoRA adapter's standard PEFT files (``adapter_config.json`` +
+    ``adapter_model.safetensors``, no base weights) into ``directory``, written beside it and renamed."""
+    backbone = run.accelerator.unwrap_model(run.heads).backbone
+    tmp = os.path.join(os.path.dirname(os.path.abspath(directory)), f".tmp-{os.path.basename(directory)}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    backbone.save_pretrained(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+def _drop_frozen_weights(models, weights, output_dir) -> None:
+    """accelerate save_state pre-hook (no DeepSpeed): checkpoint only the trainable tensors (LoRA +
+    heads), never the frozen backbone; `load_checkpoint` loads them with strict=False."""
+    for i, model in enumerate(models):
+        keep = {n for n, p in model.named_parameters() if p.requires_grad}
+        weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+
+
+def _state_kwargs(run: Run, load: bool) -> dict[str, Any]:
+    """Extra save_state/load_state arguments: joint checkpoints hold the trainable weights only."""
+    if not run.cfg.joint.enabled:
+        return {}
+    if _deepspeed_plugin(run.accelerator) is not None:
+        return {"load_module_strict": False} if load else {"exclude_frozen_parameters": True}
+    return {"strict": False} if load else {}
 
 
 class FeatureShards(torch.utils.data.Dataset):
@@ -461,8 +635,11 @@ def evaluate(run: Run) -> dict[str, Any]:
     run.heads.eval()
     names: list[str] | None = None
     totals = None  # [M, K] float64: count, then count-weighted sums of every other metric
+    bb_totals = None  # Medusa-2: the adapted backbone's own next-token sums (`joint_batch_loss`)
     for batch in run.eval_dl:
         _, m = batch_loss(run, _keep_rows(run, batch))
+        bb = {k: m.pop(k).double().view(1) for k in list(m) if k.startswith("backbone_")}  # Medusa-2
+        bb_totals = bb if bb_totals is None else {k: bb_totals[k] + v for k, v in bb.items()}
         names = names or ["count", *(k for k in m if k != "count")]
         count = m["count"].double()
         rows = torch.stack([count] + [m[k].double() * count for k in names[1:]])
@@ -478,6 +655,10 @@ def evaluate(run: Run) -> dict[str, Any]:
         "head_loss": avg["loss"].tolist(),
         "count": totals[0].long().tolist(),
     }
+    if bb_totals:  # Medusa-2 only ({} for heads on a frozen target)
+        bb = {k: float(run.accelerator.reduce(v, reduction="sum")) for k, v in bb_totals.items()}
+        n_bb = max(bb["backbone_count"], 1.0)
+        ev |= {"backbone_ce": bb["backbone_ce_sum"] / n_bb, "backbone_kl": bb["backbone_kl_sum"] / n_bb}
     return ev | {k: v.tolist() for k, v in avg.items() if k != "loss"}
 
 
@@ -531,7 +712,7 @@ def save_checkpoint(run: Run) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(root, exist_ok=True)
     acc.wait_for_everyone()
-    acc.save_state(tmp)
+    acc.save_state(tmp, **_state_kwargs(run, load=False))
     acc.wait_for_everyone()
     if acc.is_main_process:
         with open(os.path.join(tmp, STATE_FILE), "w") as f:
@@ -558,7 +739,7 @@ def load_checkpoint(run: Run, path: str) -> None:
                 f"checkpoint {path} was written with {key}={state.get(key)} but this run has {key}={now[key]}; "
                 "resume with the same settings, or use a new output_dir"
             )
-    run.accelerator.load_state(path)
+    run.accelerator.load_state(path, **_state_kwargs(run, load=True))
     run.step, run.epoch, run.batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
     run.best_eval_loss = state["best_eval_loss"] if state["best_eval_loss"] is not None else math.inf
     best = state.get("best_accept_length")
@@ -599,6 +780,7 @@ def log(run: Run, metrics: dict[str, float]) -> None:
 def eval_metrics(run: Run, ev: dict[str, Any]) -> dict[str, float]:
     """eval/loss, eval/sim_accept_length and per position eval/{head,step}{k}_{loss,top1,...}."""
     out = {"eval/loss": ev["loss"], "eval/sim_accept_length": ev["sim_accept_length"]}
+    out |= {f"eval/{k}": v for k, v in ev.items() if k.startswith("backbone_")}  # Medusa-2
     pos = position_name(run)
     for name, values in ev.items():
         if isinstance(values, list) and name != "count":
@@ -617,6 +799,7 @@ def run_eval(run: Run, final: bool = False) -> dict[str, Any]:
     ev = evaluate(run)
     run.best_eval_loss = min(run.best_eval_loss, ev["loss"])
     log(run, eval_metrics(run, ev))
+    run.last_eval = {"step": run.step, **ev}
     tau = ev["sim_accept_length"]
     is_best = tau >= run.best_accept_length
     if is_best:
@@ -625,7 +808,9 @@ def run_eval(run: Run, final: bool = False) -> dict[str, Any]:
             save_heads_copy(run, os.path.join(run.cfg.output_dir, BEST), {"step": run.step, **ev})
     run.print(
         f"step {run.step}: eval loss {ev['loss']:.4f} | τ(sim) {tau:.3f}{' (best)' if is_best else ''} | "
-        f"top-1 " + " ".join(f"{a:.3f}" for a in ev["top1"])
+        f"top-1 "
+        + " ".join(f"{a:.3f}" for a in ev["top1"])
+        + (f" | backbone KL(orig‖adapted) {ev['backbone_kl']:.5f} nats/token" if "backbone_kl" in ev else "")
     )
     return ev
 
@@ -723,6 +908,8 @@ def fit(run: Run) -> None:
                 run_eval(run)
             if tcfg.save_every and run.step % tcfg.save_every == 0:
                 save_checkpoint(run)
+                if run.cfg.push_to_hub and run.cfg.hub_strategy == "every_save":
+                    push_checkpoint_heads(run)
             if run.step >= run.total_steps:
                 break
         else:  # the epoch ran out
@@ -745,6 +932,57 @@ def accuracy_table(ev: dict[str, Any], pos: str = "head") -> str:
     return "\n".join(lines)
 
 
+def model_card(run: Run, ev: dict[str, Any] | None) -> str:
+    """The README.md saved with the heads (`heads.hub.model_card_text`); its usage snippet loads them from
+    ``hub_model_id`` when set, else from ``output_dir``."""
+    from heads.hub import model_card_text
+
+    return model_card_text(
+        run.head_config.to_dict(),
+        eval_results=ev,
+        train_config=to_dict(run.cfg),
+        repo_id=run.cfg.hub_model_id or run.cfg.output_dir,
+    )
+
+
+def push_heads(run: Run, directory: str, message: str, fatal: bool = True) -> None:
+    """Upload a saved heads directory to ``hub_model_id`` from the main process; the others wait. A failed
+    intermediate push (``fatal=False``) is reported and training goes on; the final one raises."""
+    if run.is_main:
+        from heads.hub import push_heads_dir
+
+        repo = run.cfg.hub_model_id
+        run.print(f"pushing {directory} to the Hugging Face Hub: {repo}")
+        try:
+            push_heads_dir(
+                directory, repo, private=run.cfg.hub_private, commit_message=message, write_card=False
+            )
+        except Exception as e:
+            if not fatal:
+                run.print(
+                    f"warning: pushing the step-{run.step} heads to {repo!r} failed ({e}); training goes on"
+                )
+            else:
+                raise RuntimeError(
+                    f"pushing the heads to {repo!r} failed: {e}. They are saved in {directory}; push them "
+                    f"later with `python heads/hub.py push {directory} {repo}`"
+                ) from e
+    run.accelerator.wait_for_everyone()
+
+
+HUB_STAGING = ".hub-staging"  # output_dir/.hub-staging: the current heads while they are pushed
+
+
+def push_checkpoint_heads(run: Run) -> None:
+    """``hub_strategy: every_save``: push the current heads (not the optimizer state) at a checkpoint."""
+    staging = os.path.join(run.cfg.output_dir, HUB_STAGING)
+    ev = run.last_eval if run.last_eval is not None and run.last_eval["step"] == run.step else None
+    save_heads_copy(run, staging, ev)  # every process (ZeRO-3 gathers)
+    push_heads(run, staging, f"{run.head_config.head_type} heads at step {run.step} (training)", fatal=False)
+    if run.is_main:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None:
     """Heads-only save of the current weights (gathered under ZeRO-3; every process calls this) into
     ``directory``, written to a temporary sibling and renamed, with the run config and ``ev``."""
@@ -753,18 +991,26 @@ def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None
     acc = run.accelerator
     acc.wait_for_everyone()
     state = acc.get_state_dict(run.heads)  # every process (ZeRO-3 gathers the shards)
+    joint = run.cfg.joint.enabled  # Medusa-2: the heads are `JointModel.heads`; the LoRA goes to adapter/
+    if joint:
+        state = {k.removeprefix("heads."): v for k, v in state.items() if k.startswith("heads.")}
     if acc.is_main_process:
         heads = REGISTRY[run.head_config.head_type][1](run.head_config)
         heads.load_state_dict(state)
         extra = {"train_config.yaml": to_yaml(run.cfg)}
         if ev is not None:
             extra["eval_results.json"] = json.dumps(ev, indent=2) + "\n"
+        extra["README.md"] = model_card(run, ev)
         if os.path.abspath(directory) == os.path.abspath(run.cfg.output_dir):
             save_heads(heads, directory, extra_files=extra)  # files are replaced one by one, atomically
+            if joint:
+                save_adapter(run, os.path.join(directory, ADAPTER_DIR))
         else:
             tmp = os.path.join(os.path.dirname(directory), f".tmp-{os.path.basename(directory)}")
             shutil.rmtree(tmp, ignore_errors=True)
             save_heads(heads, tmp, extra_files=extra)
+            if joint:
+                save_adapter(run, os.path.join(tmp, ADAPTER_DIR))
             shutil.rmtree(directory, ignore_errors=True)
             os.replace(tmp, directory)
     acc.wait_for_everyone()
@@ -803,7 +1049,16 @@ def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
                 "eval_results.json": json.dumps(best_ev | {"last": {"step": run.step, **ev}}, indent=2)
                 + "\n",
             }
+            extra["README.md"] = model_card(run, json.loads(extra["eval_results.json"]))
             save_heads(heads, run.cfg.output_dir, extra_files=extra)
+            if run.cfg.joint.enabled:  # Medusa-2: the LoRA adapter of that same step, copied then renamed
+                final, tmp = (
+                    os.path.join(run.cfg.output_dir, n) for n in (ADAPTER_DIR, f".tmp-{ADAPTER_DIR}")
+                )
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(os.path.join(best_dir, ADAPTER_DIR), tmp)
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
     acc.wait_for_everyone()
     if acc.is_main_process:
         shutil.rmtree(best_dir, ignore_errors=True)
@@ -829,6 +1084,9 @@ def finish(run: Run) -> dict[str, Any] | None:
     fit(run)
     ev = run_eval(run, final=True) if len(run.eval_dl) else None
     best = save_final(run, ev)
+    if run.cfg.push_to_hub:
+        tau = f", simulated τ {best['sim_accept_length']:.3f}" if best else ""
+        push_heads(run, run.cfg.output_dir, f"{run.head_config.head_type} heads after {run.step} steps{tau}")
     if ev is not None:
         run.print(f"\nheld-out accuracy after {run.step} steps:\n{accuracy_table(ev, position_name(run))}")
         run.print(
