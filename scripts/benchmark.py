@@ -617,6 +617,9 @@ def plot(report: dict, path: str) -> None:
 
     sets = list(report["prompt_sets"])
     fig, axes = plt.subplots(2, len(sets), figsize=(5.5 * len(sets), 7), squeeze=False)
+    names = sorted({r["heads"] for r in report["results"] if r["kind"] == "heads"})
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colors = {n: cmap(i % cmap.N) for i, n in enumerate(names)}
     for col, name in enumerate(sets):
         rows = [r for r in report["results"] if r["prompt_set"] == name]
         lines: dict[tuple[str, str], list[dict]] = {}
@@ -627,8 +630,9 @@ def plot(report: dict, path: str) -> None:
             rs = sorted(rs, key=lambda r: r["tree_size"])
             x = [r["tree_size"] for r in rs]
             style = "-o" if mode == "greedy" else "--s"
-            axes[0][col].plot(x, [r["speedup"]["total"] for r in rs], style, label=f"{heads} ({mode})")
-            axes[1][col].plot(x, [r["tau"] for r in rs], style, label=f"{heads} ({mode})")
+            kw = {"color": colors[heads], "label": f"{heads} ({mode})"}  # one colour per heads, all panels
+            axes[0][col].plot(x, [r["speedup"]["total"] for r in rs], style, **kw)
+            axes[1][col].plot(x, [r["tau"] for r in rs], style, **kw)
         for r in rows:
             if r["kind"] == "prompt_lookup":
                 axes[0][col].axhline(
@@ -644,8 +648,15 @@ def plot(report: dict, path: str) -> None:
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xlabel("tree size (tokens verified per step, root incl.)")
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
+    # One legend beside the panels: per-panel legends cover the data once there are many methods.
+    legend: dict[str, object] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(
+            list(legend.values()), list(legend), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8
+        )
     fig.suptitle(
         f"{report['settings']['target']} ({report['settings']['dtype']}), {report['machine']['summary']}",
         fontsize=9,
@@ -653,7 +664,7 @@ def plot(report: dict, path: str) -> None:
     fig.tight_layout()
     from heads.base import _atomic_write
 
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
     plt.close(fig)
 
 
