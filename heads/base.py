@@ -19,6 +19,20 @@ from torch import nn
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+ADAPTER_DIR = "adapter"  # a PEFT adapter of the target stored with the heads (Medusa-2's LoRA)
+LIBRARY_NAME = "selfspec"
+LOGIN_HINT = "run `hf auth login`, set the HF_TOKEN environment variable, or pass token="
+# What a Hub download of heads fetches: configs, weights, the card, a stored adapter, and the two pickle
+# names of original Medusa / EAGLE checkpoints, which `heads.convert.import_heads` reads only with
+# torch.load(weights_only=True).
+HUB_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "*.md",
+    "medusa_lm_head.pt",
+    "pytorch_model.bin",
+    f"{ADAPTER_DIR}/*",
+]
 TREE_NAME = "tree.json"  # optional: the draft tree tuned for these heads (scripts/tune_tree.py)
 
 # head_type -> (config class, module class); filled by each head file via `register`.
@@ -194,24 +208,71 @@ def save_heads(heads: nn.Module, output_dir: str, extra_files: dict[str, str] | 
         _atomic_write(os.path.join(output_dir, name), lambda p, t=text: open(p, "w").write(t))
 
 
-def resolve_dir(path_or_id: str, revision: str | None = None) -> str:
-    """A local directory as is, or a Hub id downloaded into the standard HF cache."""
+def resolve_dir(
+    path_or_id: str,
+    revision: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    token: str | None = None,
+    local_files_only: bool | None = None,
+) -> str:
+    """A local heads directory as is, or a Hub id's snapshot in the HF cache (downloaded if needed).
+
+    Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) the cached snapshot of ``revision``
+    (a branch, tag or commit; None = main) is used. Errors name the id, the revision and what to do.
+    """
     from heads.graft import looks_local
 
     expanded = os.path.expanduser(path_or_id)
     if os.path.isdir(expanded):
+        if revision is not None:
+            raise ValueError(
+                f"revision={revision!r} only applies to Hub ids, not to the directory {path_or_id!r}"
+            )
         return expanded
     if looks_local(path_or_id):
         raise FileNotFoundError(f"heads directory not found: {path_or_id!r}")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
+    what = f"heads {path_or_id!r}" + (f" at revision {revision!r}" if revision else "")
     try:
-        # The two pickle names are original Medusa / EAGLE checkpoints for `heads.convert.import_heads`,
-        # which reads them only with torch.load(weights_only=True).
-        patterns = ["*.json", "*.safetensors", "*.md", "medusa_lm_head.pt", "pytorch_model.bin"]
-        return snapshot_download(path_or_id, revision=revision, allow_patterns=patterns)
-    except Exception as e:  # the hub raises many types; the user needs the id and the reason
-        raise OSError(f"could not fetch heads {path_or_id!r} from the Hugging Face Hub: {e}") from e
+        return snapshot_download(
+            path_or_id,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=bool(local_files_only),
+            allow_patterns=HUB_PATTERNS,
+            library_name=LIBRARY_NAME,
+        )
+    except HFValidationError as e:
+        raise ValueError(f"{path_or_id!r} is neither a local directory nor a valid Hub id: {e}") from e
+    except LocalEntryNotFoundError as e:
+        cache = cache_dir or constants.HF_HUB_CACHE
+        raise FileNotFoundError(
+            f"{what} are not in the Hugging Face cache ({cache}) and the Hub was not asked "
+            f"(HF_HUB_OFFLINE=1, local_files_only, or no network): download them once online, or pass a "
+            f"local directory"
+        ) from e
+    except GatedRepoError as e:
+        raise PermissionError(
+            f"{what}: the repo is gated; accept its terms on the Hub, then {LOGIN_HINT}"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise FileNotFoundError(
+            f"{what}: no such repo on the Hub (or it is private: {LOGIN_HINT} with access to it)"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise FileNotFoundError(f"{what}: the repo has no such branch, tag or commit") from e
+    except Exception as e:  # network and server errors come in many types; keep the id and the reason
+        raise OSError(f"could not fetch {what} from the Hugging Face Hub: {e}") from e
 
 
 def read_config(directory: str) -> dict[str, Any]:

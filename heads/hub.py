@@ -37,15 +37,23 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 
 from torch import nn
 
-from heads.base import CONFIG_NAME, REGISTRY, WEIGHTS_NAME, _atomic_write, load_heads, read_config, save_heads
+from heads.base import (
+    ADAPTER_DIR,
+    CONFIG_NAME,
+    LIBRARY_NAME,
+    LOGIN_HINT,
+    REGISTRY,
+    WEIGHTS_NAME,
+    _atomic_write,
+    load_heads,
+    read_config,
+    resolve_dir,
+    save_heads,
+)
 
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
 TRAIN_CONFIG_NAME = "train_config.yaml"
-ADAPTER_DIR = "adapter"  # a PEFT adapter of the target (adapter_config.json + adapter_model.safetensors)
-LIBRARY_NAME = "selfspec"
-# What a Hub download of heads fetches (as `heads.base.resolve_dir`): configs, weights, the card.
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.md", "medusa_lm_head.pt", "pytorch_model.bin"]
 # Never uploaded: training state (accelerate checkpoints, optimizer/scheduler/RNG state, best-so-far copy,
 # staging and temporary files) and pickles; a heads checkpoint is safetensors + text only.
 IGNORE_PATTERNS = [
@@ -63,7 +71,6 @@ IGNORE_PATTERNS = [
     "random_states*",
     "metrics.jsonl",
 ]
-LOGIN_HINT = "run `hf auth login`, set the HF_TOKEN environment variable, or pass token="
 
 
 class MissingTokenError(ValueError):
@@ -102,73 +109,6 @@ def _is_hub_id(name: str | None) -> bool:
     from heads.graft import looks_local
 
     return bool(name) and not looks_local(name)
-
-
-def resolve_heads_dir(
-    path_or_id: str,
-    *,
-    revision: str | None = None,
-    cache_dir: str | None = None,
-    token: str | None = None,
-    local_files_only: bool | None = None,
-) -> str:
-    """A local heads directory as is, or a Hub id's snapshot in the HF cache (downloaded if needed).
-
-    Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) the cached snapshot of ``revision``
-    (a branch, tag or commit; None = main) is used. Errors name the id, the revision and what to do.
-    """
-    from heads.graft import looks_local
-
-    expanded = os.path.expanduser(path_or_id)
-    if os.path.isdir(expanded):
-        if revision is not None:
-            raise ValueError(
-                f"revision={revision!r} only applies to Hub ids, not to the directory {path_or_id!r}"
-            )
-        return expanded
-    if looks_local(path_or_id):
-        raise FileNotFoundError(f"heads directory not found: {path_or_id!r}")
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    what = f"heads {path_or_id!r}" + (f" at revision {revision!r}" if revision else "")
-    try:
-        return snapshot_download(
-            path_or_id,
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=bool(local_files_only),
-            allow_patterns=DOWNLOAD_PATTERNS + [f"{ADAPTER_DIR}/*"],
-            library_name=LIBRARY_NAME,
-        )
-    except HFValidationError as e:
-        raise ValueError(f"{path_or_id!r} is neither a local directory nor a valid Hub id: {e}") from e
-    except LocalEntryNotFoundError as e:
-        cache = cache_dir or constants.HF_HUB_CACHE
-        raise FileNotFoundError(
-            f"{what} are not in the Hugging Face cache ({cache}) and the Hub was not asked "
-            f"(HF_HUB_OFFLINE=1, local_files_only, or no network): download them once online, or pass a "
-            f"local directory"
-        ) from e
-    except GatedRepoError as e:
-        raise PermissionError(
-            f"{what}: the repo is gated; accept its terms on the Hub, then {LOGIN_HINT}"
-        ) from e
-    except RepositoryNotFoundError as e:
-        raise FileNotFoundError(
-            f"{what}: no such repo on the Hub (or it is private: {LOGIN_HINT} with access to it)"
-        ) from e
-    except RevisionNotFoundError as e:
-        raise FileNotFoundError(f"{what}: the repo has no such branch, tag or commit") from e
-    except Exception as e:  # network and server errors come in many types; keep the id and the reason
-        raise OSError(f"could not fetch {what} from the Hugging Face Hub: {e}") from e
 
 
 class HubMixin:
@@ -215,7 +155,7 @@ class HubMixin:
     ):
         """Heads from a local directory or a Hub id (``revision``: branch, tag or commit), checked to be of
         this class's head type and, given ``target``, to fit it (vocab and hidden size, architecture)."""
-        directory = resolve_heads_dir(
+        directory = resolve_dir(
             path_or_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
         )
         raw = read_config(directory)

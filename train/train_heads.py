@@ -57,6 +57,7 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 import torch
 from torch import Tensor, nn
 
+from heads.base import ADAPTER_DIR  # the LoRA's subdirectory next to Medusa-2 heads (output_dir, best/)
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
 from train.losses import medusa_loss, simulated_accept_length
 
@@ -429,8 +430,6 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
 # Joint training (``joint.enabled``): LoRA on the backbone through peft plus the Medusa heads, prepared as
 # one module (`JointModel`) so accelerate/DeepSpeed clip, step and checkpoint both; the base weights stay
 # frozen. The outputs are the heads (with ``target_adapter: adapter``) and ``adapter/`` (PEFT files).
-
-ADAPTER_DIR = "adapter"  # the LoRA adapter's subdirectory next to the heads (output_dir, best/)
 
 
 class JointModel(nn.Module):
