@@ -13,15 +13,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import types
 
 import pytest
 import test_train
 import torch
 import torch.nn.functional as F
-from test_train import REPO, _kill_after_checkpoint, _metrics, _overrides, _reset_accelerate
+from test_train import (
+    _kill_after_checkpoint,
+    _metrics,
+    _overrides,
+    _reset_accelerate,
+    launch_zero2_two_processes,
+)
 
 from train.config import JointConfig, load_config
 from train.losses import backbone_stats, medusa2_loss, medusa_loss
@@ -279,24 +283,9 @@ def test_joint_deepspeed_zero2_two_processes(tiny_target, tiny_data, tmp_path):
     """Medusa-2 under `accelerate launch` with DeepSpeed ZeRO-2, 2 CPU processes, bf16: it trains, saves
     heads + adapter (checkpoints without the frozen backbone), and the result decodes like the adapted model."""
     out = str(tmp_path / "run")
-    cache = os.environ.get("SELFSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "selfspec")
-    env = dict(
-        os.environ,
-        DS_ACCELERATOR="cpu",
-        TORCH_EXTENSIONS_DIR=os.path.join(cache, "torch_extensions"),
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=REPO,
-    )
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", os.path.join(REPO, "configs/accelerate/deepspeed_zero2.yaml"),
-        "--num_processes", "2", "--main_process_port", "29537",
-        os.path.join(REPO, "train/train_heads.py"),
-        *_joint_overrides(tiny_target, tiny_data, out, **{"train.max_steps": 4, "train.save_every": 2,
-                                                          "train.mixed_precision": "bf16"}),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    overrides = _joint_overrides(tiny_target, tiny_data, out, **{"train.max_steps": 4, "train.save_every": 2,
+                                                                 "train.mixed_precision": "bf16"})  # fmt: skip
+    proc = launch_zero2_two_processes(overrides, port=29537)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "2 process(es)" in log and "DeepSpeed ZeRO-2" in log and "Medusa-2" in log, log[-3000:]

@@ -21,6 +21,31 @@ import torch
 from train.losses import medusa_loss, medusa_stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch_zero2_two_processes(overrides: list[str], port: int, **env: str) -> subprocess.CompletedProcess:
+    """`accelerate launch` of train/train_heads.py with configs/accelerate/deepspeed_zero2.yaml on 2 CPU
+    processes (DeepSpeed's CPU accelerator, offline, one thread each), from the repo root because the
+    yaml's paths are repo-relative."""
+    cache = os.environ.get("SELFSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "selfspec")
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        TORCH_EXTENSIONS_DIR=os.path.join(cache, "torch_extensions"),
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=REPO,
+        **env,
+    )
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", os.path.join(REPO, "configs/accelerate/deepspeed_zero2.yaml"),
+        "--num_processes", "2", "--main_process_port", str(port),
+        os.path.join(REPO, "train/train_heads.py"), *overrides,
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 
 
@@ -365,30 +390,11 @@ def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
     from heads.graft import load_target
 
     out = str(tmp_path / "run")
-    cache = os.environ.get("SELFSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "selfspec")
-    env = dict(
-        os.environ,
-        DS_ACCELERATOR="cpu",
-        TORCH_EXTENSIONS_DIR=os.path.join(cache, "torch_extensions"),
-        HF_HUB_OFFLINE="1",
-        WANDB_MODE="offline",
-        WANDB_DIR=str(tmp_path),
-        WANDB_SILENT="true",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=REPO,
-    )
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", os.path.join(REPO, "configs/accelerate/deepspeed_zero2.yaml"),
-        "--num_processes", "2", "--main_process_port", "29533",
-        os.path.join(REPO, "train/train_heads.py"),
-        *_overrides(tiny_target, tiny_data, out, **{"train.max_steps": 6, "train.save_every": 3,
-                                                    "train.mixed_precision": "bf16", "report_to": "wandb"}),
-    ]  # fmt: skip
+    overrides = _overrides(tiny_target, tiny_data, out, **{"train.max_steps": 6, "train.save_every": 3,
+                                                           "train.mixed_precision": "bf16", "report_to": "wandb"})  # fmt: skip
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     t0 = time.time()
-    proc = subprocess.run(
-        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600
-    )  # paths in the yaml are repo-relative
+    proc = launch_zero2_two_processes(overrides, port=29533, **wandb_env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert time.time() - t0 < 300
