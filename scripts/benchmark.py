@@ -370,11 +370,14 @@ def heads_methods(args, target, heads_specs: list[tuple[str, str]]) -> list[Meth
     for label, directory in heads_specs:
         model = infer.load(target, heads=directory)
         kind = model.heads.config.head_type
+
+        def add(size: int, desc: str, kwargs: dict, label=label, kind=kind, model=model) -> None:
+            methods.append(Method(f"{label} [{size} tok]", "heads", label, kind, size, desc, kwargs, model))
+
         if kind == "medusa":
             for opt in knob_for(args.tree, label, labels, "--tree") or ["default"]:
-                if (
-                    opt == "default"
-                ):  # what infer.generate uses: a tree saved with the heads, else default_tree
+                # "default" is what infer.generate uses: a tree saved with the heads, else default_tree.
+                if opt == "default":
                     tree, desc = None, "saved tree" if getattr(model.heads, "tree", None) else "default_tree"
                 elif opt.isdigit():
                     tree, desc = default_tree(model.heads.config.num_heads, int(opt)), f"default_tree({opt})"
@@ -386,20 +389,8 @@ def heads_methods(args, target, heads_specs: list[tuple[str, str]]) -> list[Meth
                     tree = tree["tree"] if isinstance(tree, dict) else tree
                     validate_paths(tree)
                     desc = os.path.basename(opt)
-                prop = model.proposer(tree)
-                size = len(prop.tree) + 1
-                methods.append(
-                    Method(
-                        f"{label} [{size} tok]",
-                        "heads",
-                        label,
-                        kind,
-                        size,
-                        f"static {desc}, {size - 1} drafts",
-                        {"tree": tree} if tree is not None else {},
-                        model,
-                    )
-                )
+                size = len(model.proposer(tree).tree) + 1
+                add(size, f"static {desc}, {size - 1} drafts", {"tree": tree} if tree is not None else {})
         elif kind in ("eagle", "eagle3"):
             for opt in knob_for(args.total_tokens, label, labels, "--total-tokens") or ["default"]:
                 kw = {"depth": args.depth, "draft_top_k": args.draft_top_k}
@@ -410,18 +401,7 @@ def heads_methods(args, target, heads_specs: list[tuple[str, str]]) -> list[Meth
                 kw = {k: v for k, v in kw.items() if v is not None}
                 prop = model.proposer(**kw)
                 size = prop.total_tokens
-                methods.append(
-                    Method(
-                        f"{label} [{size} tok]",
-                        "heads",
-                        label,
-                        kind,
-                        size,
-                        f"EAGLE-2 dynamic, depth {prop.depth}, top-k {prop.top_k}, {size} tokens",
-                        kw,
-                        model,
-                    )
-                )
+                add(size, f"EAGLE-2 dynamic, depth {prop.depth}, top-k {prop.top_k}, {size} tokens", kw)
         else:
             methods.append(Method(label, "heads", label, kind, None, "default", {}, model))
     return methods
