@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--out", required=True, help="output JSONL (appended to; rerun to resume)")
     ap.add_argument(
-        "--split", default="train", help="Hub dataset split; for demo data: train | eval | prompts"
+        "--split",
+        default="train",
+        help="Hub dataset split; for demo data: train | eval | prompts | train-chat | eval-chat",
     )
     ap.add_argument("--format", default="auto", choices=["auto", "text", "sharegpt", "messages"])
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; T > 0 samples at T")

@@ -160,3 +160,28 @@ def test_demo_data(tmp_path):
         header = next(line for line in prompt.split("\n") if line.startswith(("def ", "async def ")))
         assert header in heldout, header
     assert demo.ensure_demo_data("tiny", seed=0, cache=str(tmp_path)) == files  # cached
+
+
+def test_demo_chat_data_is_the_chunks_as_conversations(tmp_path):
+    files = demo.ensure_demo_data("tiny", seed=0, cache=str(tmp_path))
+    chat = demo.ensure_demo_chat_data("tiny", seed=0, cache=str(tmp_path))
+    assert set(chat) == {"train-chat", "eval-chat"}
+    for split in ("train", "eval"):
+        with open(files[split]) as f:
+            texts = [json.loads(line)["text"] for line in f]
+        with open(chat[f"{split}-chat"]) as f:
+            convs = [json.loads(line)["messages"] for line in f]
+        assert len(convs) == len(texts)
+        for text, messages in zip(texts, convs, strict=True):
+            roles = [m["role"] for m in messages]
+            assert roles in (["user", "assistant"], ["system", "user", "assistant"])
+            if roles[0] == "system":
+                assert messages[0]["content"] == demo.SYSTEM_PROMPT
+            user, answer = messages[-2]["content"], messages[-1]["content"]
+            assert user.endswith("\n") and answer  # the user gives the first lines, the assistant the rest
+            assert user + answer == text.rstrip("\n")
+            assert 2 <= user.count("\n") <= 6
+    with open(chat["train-chat"]) as f:
+        n_system = sum(json.loads(line)["messages"][0]["role"] == "system" for line in f)
+    assert 0 < n_system < demo.DATA_ROWS["tiny"][0] / 2  # about a quarter
+    assert demo.ensure_demo_chat_data("tiny", seed=0, cache=str(tmp_path)) == chat  # cached

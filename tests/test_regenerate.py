@@ -258,6 +258,19 @@ def test_errors(target, tmp_path):
         cfg(tmp_path, text, temperature=-1)
 
 
+def test_demo_data_splits_resolve_to_the_demo_files(tmp_path, monkeypatch):
+    from train import regenerate as R
+
+    text = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "eval", "prompts")}
+    chat = {"train-chat": str(tmp_path / "train-chat.jsonl"), "eval-chat": str(tmp_path / "eval-chat.jsonl")}
+    monkeypatch.setattr(demo, "ensure_demo_data", lambda size: text)
+    monkeypatch.setattr(demo, "ensure_demo_chat_data", lambda size: chat)
+    for split, path in (text | chat).items():
+        assert R.resolve_data(cfg(tmp_path, "demo", split=split)) == (path, "train")
+    with pytest.raises(ValueError, match="demo data has splits train, eval, prompts, train-chat, eval-chat"):
+        R.resolve_data(cfg(tmp_path, "demo", split="test"))
+
+
 def test_chat_prompt_longer_than_the_context_is_skipped_and_counted(target, tmp_path, caplog):
     long = [{"role": "user", "content": "import os\n" * 40}, {"role": "assistant", "content": "ok"}]
     data = write_jsonl(tmp_path / "in.jsonl", [{"messages": CONVS[1]}, {"messages": long}])

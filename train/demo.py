@@ -798,6 +798,49 @@ def ensure_demo_data(
     return {split: os.path.join(final, f"{split}.jsonl") for split in ("train", "eval", "prompts")}
 
 
+def chat_rows(texts: list[str], seed: int = 0) -> list[dict]:
+    """Code chunks as conversations, in the form the demo target saw its chat files (`_documents`).
+
+    The user message is a chunk's first 2-6 lines plus a newline, the assistant message is the rest;
+    a quarter of the conversations start with `SYSTEM_PROMPT`. Deterministic given ``(texts, seed)``.
+    """
+    rows = []
+    for i, text in enumerate(texts):
+        rng = random.Random(f"{seed}:chat-rows:{i}")
+        lines = text.rstrip("\n").split("\n")
+        k = min(rng.randint(2, 6), max(1, len(lines) - 1))
+        messages = [
+            {"role": "user", "content": "\n".join(lines[:k]) + "\n"},
+            {"role": "assistant", "content": "\n".join(lines[k:])},
+        ]
+        if rng.random() < 0.25:
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        rows.append({"messages": messages})
+    return rows
+
+
+def ensure_demo_chat_data(size: Size = "full", seed: int = 0, cache: str | None = None) -> dict[str, str]:
+    """The demo's train / eval code chunks as chat conversations (`chat_rows`), built on first call.
+
+    Returns ``{"train-chat": path, "eval-chat": path}``: JSONL files of ``{"messages": [...]}`` rows,
+    one per row of `ensure_demo_data`'s train / eval files, in the same order. They are the input of
+    ``scripts/regenerate_data.py --data demo --split train-chat``: heads for a chat-served model train on
+    the target's own answers in the chat format it is served in.
+    """
+    files = ensure_demo_data(size, seed=seed, cache=cache)
+
+    def build(tmp: str) -> None:
+        for split in ("train", "eval"):
+            with open(files[split], encoding="utf-8") as f:
+                texts = [json.loads(line)["text"] for line in f if line.strip()]
+            with open(os.path.join(tmp, f"{split}-chat.jsonl"), "w", encoding="utf-8") as f:
+                for row in chat_rows(texts, seed):
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    final = _build_cached(os.path.dirname(files["train"]) + "-chat", build, force=False)
+    return {f"{split}-chat": os.path.join(final, f"{split}-chat.jsonl") for split in ("train", "eval")}
+
+
 if __name__ == "__main__":  # the build subprocess of `_spawn_build`; use ensure_demo_target instead
     _out, _size, _seed = sys.argv[1:]
     _build_target(_out, _size, int(_seed))  # type: ignore[arg-type]

@@ -71,7 +71,8 @@ class RegenConfig:
 
     target: a Hub id, a local model directory, or demo / demo-tiny (the built-in demo target).
     data: a local .json/.jsonl/.parquet file or directory, a Hub dataset id, or demo / demo-tiny
-        (the demo head-training data; ``split`` then picks train | eval | prompts).
+        (the demo head-training data; ``split`` then picks train | eval | prompts, or train-chat |
+        eval-chat: the train / eval chunks as chat conversations, `train.demo.ensure_demo_chat_data`).
     out: the output JSONL file (appended to; see the module docstring on resuming).
     split: the split of a Hub dataset (or the demo file, see ``data``).
     format: auto | text | sharegpt | messages (as in `train.data.DataConfig`).
@@ -501,11 +502,14 @@ def _regen_chat(
 def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
     """(path or Hub id, split) for ``cfg.data``; demo / demo-tiny map to the demo data's files."""
     if cfg.data in DEMO_DATA:
-        from train.demo import ensure_demo_data
+        from train.demo import ensure_demo_chat_data, ensure_demo_data
 
         files = ensure_demo_data(DEMO_DATA[cfg.data])
+        if cfg.split.endswith("-chat"):
+            files = files | ensure_demo_chat_data(DEMO_DATA[cfg.data])
         if cfg.split not in files:
-            raise ValueError(f"demo data has splits {', '.join(files)}; got split {cfg.split!r}")
+            names = ", ".join(dict.fromkeys([*files, "train-chat", "eval-chat"]))
+            raise ValueError(f"demo data has splits {names}; got split {cfg.split!r}")
         return files[cfg.split], "train"
     return cfg.data, cfg.split
 
