@@ -20,7 +20,12 @@ Definitions (also written into results.json):
   cache length before each call).
 - **speedup** = ratio to ``target.generate`` on the same prompts in the same run, two ways: total-time
   ratio (Σ plain seconds / Σ method seconds; every run generates exactly ``--max-new-tokens`` tokens
-  unless ``--stop-at-eos``, so this is the tokens/s ratio) and the median of per-prompt ratios.
+  unless ``--stop-at-eos``, so this is the tokens/s ratio) and the median of per-prompt ratios. The
+  total-time ratio comes with a 95% percentile-bootstrap interval over prompts (each prompt's pair of
+  interleaved runs resampled together): it covers the spread across prompts and the timing noise in
+  this run, not a machine that is faster or slower in another run.
+- **paired comparisons** (``--vs A:B``, repeatable): the same ratio and interval between two methods,
+  e.g. a tuned tree against the default one, plus on how many prompts A was faster.
 - **efficiency** = speedup (total-time) / τ: the share of the acceptance that becomes wall-clock.
 - **time split** (``infer.generate`` only, when it supports ``timing=True``): draft, verify and
   bookkeeping (= total - draft - verify) seconds summed over prompts; "n/a" otherwise.
@@ -339,6 +344,20 @@ def generation_config(target, tokenizer, *, sampling: bool, max_new_tokens: int,
     return gc
 
 
+def parse_pairs(specs: list[str], labels: list[str]) -> list[tuple[str, str]]:
+    """``--vs A:B`` values -> [(A, B)], each a method label of this run."""
+    pairs = []
+    for spec in specs:
+        a, sep, b = spec.partition(":")
+        if not sep or not a or not b:
+            raise ValueError(f"--vs takes LABEL_A:LABEL_B, got {spec!r}")
+        unknown = [x for x in (a, b) if x not in labels]
+        if unknown:
+            raise ValueError(f"--vs {spec!r}: no method labelled {unknown}; methods: {labels}")
+        pairs.append((a, b))
+    return pairs
+
+
 def parse_list(value: str | None) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -475,6 +494,56 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (i - lo)
 
 
+BOOTSTRAP_REPS = 2000
+
+
+def bootstrap_ratio_ci(
+    runs: list[Run], base: list[Run], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = 0.95
+) -> list[float] | None:
+    """Percentile bootstrap interval of the total-rate ratio (Σ tokens / Σ seconds of ``runs``) over
+    (Σ tokens / Σ seconds of ``base``), resampling prompts with replacement and keeping each prompt's
+    pair together (both ran on the same prompt, interleaved). None for fewer than 2 prompts.
+
+    It covers prompt-to-prompt variation and the timing noise within this run, not a machine that is
+    slower or faster in another run. Deterministic given ``seed``.
+    """
+    n = len(runs)
+    if n < 2:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (reps, n), generator=g)
+    cols = [
+        torch.tensor([float(getattr(r, k)) for r in rs], dtype=torch.float64)
+        for rs in (runs, base)
+        for k in ("new_tokens", "seconds")
+    ]
+    tok_a, sec_a, tok_b, sec_b = (c[idx].sum(1) for c in cols)
+    ratios = (tok_a / sec_a) / (tok_b / sec_b)
+    lo, hi = torch.quantile(ratios, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return [float(lo), float(hi)]
+
+
+def compare(a: dict, b: dict, runs_a: list[Run], runs_b: list[Run]) -> dict:
+    """Paired comparison of two methods on the same prompts (``--vs A:B``): the ratio of their total rates,
+    its `bootstrap_ratio_ci`, and on how many prompts A was faster."""
+    ratio = (sum(r.new_tokens for r in runs_a) / sum(r.seconds for r in runs_a)) / (
+        sum(r.new_tokens for r in runs_b) / sum(r.seconds for r in runs_b)
+    )
+    wins = sum(
+        x.new_tokens / x.seconds > y.new_tokens / y.seconds for x, y in zip(runs_a, runs_b, strict=True)
+    )
+    return {
+        "a": a["method"],
+        "b": b["method"],
+        "ratio": ratio,
+        "ci95": bootstrap_ratio_ci(runs_a, runs_b),
+        "a_faster_on": wins,
+        "n_prompts": len(runs_a),
+        "tau_a": a["tau"],
+        "tau_b": b["tau"],
+    }
+
+
 def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
     """Aggregate one method's runs on one prompt set and mode against the plain runs (same prompts)."""
     steps = [s for r in runs if r.steps is not None for s in r.steps]
@@ -506,7 +575,11 @@ def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
         if have_steps
         else None,
         "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)},
-        "speedup": {"total": total_speedup, "median": statistics.median(per_prompt)},
+        "speedup": {
+            "total": total_speedup,
+            "median": statistics.median(per_prompt),
+            "ci95": bootstrap_ratio_ci(runs, base),
+        },
         "efficiency": total_speedup / tau if tau else None,
         "time_split_s": split,
         "peak_memory_mib": max(r.peak_mib for r in runs),
@@ -530,6 +603,11 @@ def _fmt(x, spec: str = ".2f", na: str = "n/a") -> str:
     return na if x is None else format(x, spec)
 
 
+def _ci(d: dict) -> str:
+    ci = d.get("ci95")
+    return f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# selfspec benchmark ({report['date']})",
@@ -543,7 +621,8 @@ def markdown(report: dict) -> str:
         "",
         f"τ: {TAU_DEFINITION}. Speedup: {SPEEDUP_DEFINITION}. Efficiency = speedup (total) / τ. "
         f"Peak memory: {report['peak_memory_kind']}. Time split: draft / verify / bookkeeping seconds "
-        "summed over prompts (n/a: not reported by this infer.generate).",
+        "summed over prompts (n/a: not reported by this infer.generate). [a-b]: 95% bootstrap interval "
+        "over prompts (paired with target.generate on each prompt; it does not cover run-to-run drift).",
         "",
         "| prompts | mode | method | tree | τ (p10/p50/p90) | tok/s median (min-max) | speedup total | "
         "speedup median | efficiency | draft/verify/other s | peak MiB | identical |",
@@ -560,10 +639,24 @@ def markdown(report: dict) -> str:
             ident += f" ({r['near_tie_flips']} near-tie)"
         lines.append(
             f"| {r['prompt_set']} | {r['mode']} | {r['method']} | {r['tree'] or '-'} | {tau} | "
-            f"{t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {r['speedup']['total']:.2f}x | "
+            f"{t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {r['speedup']['total']:.2f}x{_ci(r['speedup'])} | "
             f"{r['speedup']['median']:.2f}x | {_fmt(r['efficiency'])} | {split_s} | "
             f"{r['peak_memory_mib']:.0f} | {ident} |"
         )
+    if report.get("comparisons"):
+        lines += [
+            "",
+            "Paired comparisons (`--vs A:B`): tokens/s of A over B on the same prompts, with the 95% "
+            "bootstrap interval over prompts, and on how many prompts A was faster:",
+            "",
+            "| prompts | mode | A | B | A / B | A faster on | τ A / τ B |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in report["comparisons"]:
+            lines.append(
+                f"| {c['prompt_set']} | {c['mode']} | {c['a']} | {c['b']} | {c['ratio']:.3f}{_ci(c)} | "
+                f"{c['a_faster_on']}/{c['n_prompts']} | {_fmt(c['tau_a'])} / {_fmt(c['tau_b'])} |"
+            )
     if report.get("verify_cost"):
         vc = report["verify_cost"]
         ks = list(vc["ms"])
@@ -675,9 +768,10 @@ def machine_info(device: torch.device) -> dict:
 # ----------------------------------------------------------------------------- main
 
 
-def _measure(args, target, tokenizer, prompts, methods, modes, timing, mem, tie_tol, bar):
-    """The interleaved runs and their summaries; returns (result rows, greedy mismatches)."""
-    results, mismatches = [], []
+def _measure(args, target, tokenizer, prompts, methods, modes, timing, mem, tie_tol, bar, pairs=()):
+    """The interleaved runs and their summaries; returns (result rows, greedy mismatches, comparisons of
+    the ``pairs`` of method labels)."""
+    results, mismatches, comparisons = [], [], []
     for mode in modes:
         gc = generation_config(
             target,
@@ -748,7 +842,11 @@ def _measure(args, target, tokenizer, prompts, methods, modes, timing, mem, tie_
                             flush=True,
                         )
                 results.append(row)
-    return results, mismatches
+            rows = {r["method"]: r for r in results if r["prompt_set"] == set_name and r["mode"] == mode}
+            for a, b in pairs:
+                c = compare(rows[a], rows[b], runs[a], runs[b])
+                comparisons.append({"prompt_set": set_name, "mode": mode, **c})
+    return results, mismatches, comparisons
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -817,6 +915,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="don't ask infer.generate for the draft/verify/bookkeeping split (on GPU it synchronises per phase)",
     )
+    ap.add_argument(
+        "--vs",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="paired comparison of two method labels (repeatable), e.g. 'medusa-tuned:medusa': "
+        "ratio of tokens/s with a bootstrap 95%% interval over prompts",
+    )
     ap.add_argument("--out", default="out/bench", help="output directory")
     return ap
 
@@ -881,6 +987,7 @@ def run(argv: list[str] | None = None, extra_methods: list[Method] | None = None
         raise ValueError(
             f"two configurations are both labelled {dup}: give the --heads distinct LABEL=DIR names"
         )
+    pairs = parse_pairs(args.vs, [m.label for m in methods])
     import inspect
 
     timing = "timing" in inspect.signature(infer.generate).parameters and not args.no_time_split
@@ -897,8 +1004,8 @@ def run(argv: list[str] | None = None, extra_methods: list[Method] | None = None
     if not args.stop_at_eos:
         target.generation_config.eos_token_id = None
     try:
-        results, mismatches = _measure(
-            args, target, tokenizer, prompts, methods, modes, timing, mem, tie_tol, bar
+        results, mismatches, comparisons = _measure(
+            args, target, tokenizer, prompts, methods, modes, timing, mem, tie_tol, bar, pairs
         )
     finally:
         target.generation_config.eos_token_id = saved_eos
@@ -936,6 +1043,7 @@ def run(argv: list[str] | None = None, extra_methods: list[Method] | None = None
         "prompt_sets": {name: {"path": path, "n": len(prompts[name])} for name, path in sets.items()},
         "verify_cost": verify_cost(target, ks) if ks else None,
         "results": results,
+        "comparisons": comparisons,
         "mismatches": mismatches,
     }
     bugs = [m for m in mismatches if not m["near_tie"] or args.strict]

@@ -96,6 +96,8 @@ def test_outputs_schema(setup, tmp_path):
         "2",
         "--verify-cost",
         "1,4",
+        "--vs",
+        "med [33 tok]:target.generate",
     ]
     report, status = bench.run(argv)
     assert status == 0 and report["ok"] is True and report["mismatches"] == []
@@ -122,6 +124,7 @@ def test_outputs_schema(setup, tmp_path):
         "prompt_sets",
         "verify_cost",
         "results",
+        "comparisons",
         "mismatches",
         "ok",
     ):
@@ -150,6 +153,8 @@ def test_outputs_schema(setup, tmp_path):
         tps = r["tokens_per_s"]
         assert 0 < tps["min"] <= tps["median"] <= tps["max"]
         assert r["speedup"]["total"] > 0 and r["speedup"]["median"] > 0
+        lo, hi = r["speedup"]["ci95"]  # 2 prompts: a bootstrap interval over them
+        assert 0 < lo <= hi
         assert r["efficiency"] == pytest.approx(r["speedup"]["total"] / r["tau"])
         assert r["peak_memory_mib"] > 0
         assert r["time_split_s"] is None or set(r["time_split_s"]) == {
@@ -163,8 +168,18 @@ def test_outputs_schema(setup, tmp_path):
             assert r["tau"] == 1.0 and r["speedup"]["total"] == 1.0 and r["identical"] is None
         elif r["mode"] == "greedy":
             assert r["identical"] == 2  # fp32: every method reproduces target.generate exactly
+    comps = on_disk["comparisons"]
+    assert [(c["prompt_set"], c["mode"], c["a"], c["b"]) for c in comps] == [
+        ("toy", mode, "med [33 tok]", "target.generate") for mode in ("greedy", "sample")
+    ]
+    for c in comps:
+        row = next(r for r in rows if r["method"] == c["a"] and r["mode"] == c["mode"])
+        assert c["ratio"] == pytest.approx(row["speedup"]["total"])  # against the baseline: the speedup
+        assert c["ci95"] == pytest.approx(row["speedup"]["ci95"])
+        assert 0 <= c["a_faster_on"] <= c["n_prompts"] == 2
     md = (tmp_path / "results.md").read_text()
-    assert md.count("\n| toy |") == len(rows) and "Verify cost" in md
+    assert md.count("\n| toy |") == len(rows) + len(comps) and "Verify cost" in md
+    assert "Paired comparisons" in md
 
 
 class _Corrupting(bench.Method):
@@ -200,3 +215,30 @@ def test_greedy_mismatch_is_reported(setup, tmp_path, capsys):
     row = next(r for r in report["results"] if r["method"] == "broken")
     assert row["identical"] == 0
     assert "BUG" in (tmp_path / "results.md").read_text()
+
+
+def _runs(tokens_seconds):
+    return [bench.Run(None, n, s, None, 1.0) for n, s in tokens_seconds]
+
+
+def test_bootstrap_interval_of_the_rate_ratio():
+    base = _runs([(10, 1.0), (10, 2.0), (10, 4.0), (10, 1.5)])
+    same = bench.bootstrap_ratio_ci(base, base)
+    assert same == pytest.approx([1.0, 1.0])
+    twice = _runs([(10, s / 2) for _, s in [(10, 1.0), (10, 2.0), (10, 4.0), (10, 1.5)]])
+    assert bench.bootstrap_ratio_ci(twice, base) == pytest.approx([2.0, 2.0])  # 2x on every prompt
+    mixed = _runs([(10, 0.5), (10, 2.0), (10, 1.0), (10, 3.0)])  # 2x, 1x, 4x, 0.5x
+    lo, hi = bench.bootstrap_ratio_ci(mixed, base)
+    point = (40 / 6.5) / (40 / 8.5)
+    assert lo < point < hi and lo >= 0.5 and hi <= 4.0
+    assert bench.bootstrap_ratio_ci(mixed, base) == [lo, hi]  # deterministic
+    assert bench.bootstrap_ratio_ci(mixed[:1], base[:1]) is None  # one prompt: no interval
+
+
+def test_vs_labels_are_checked():
+    labels = ["target.generate", "medusa", "medusa-tuned"]
+    assert bench.parse_pairs(["medusa-tuned:medusa"], labels) == [("medusa-tuned", "medusa")]
+    with pytest.raises(ValueError, match="takes LABEL_A:LABEL_B"):
+        bench.parse_pairs(["medusa"], labels)
+    with pytest.raises(ValueError, match=r"no method labelled \['eagle'\]"):
+        bench.parse_pairs(["eagle:medusa"], labels)
