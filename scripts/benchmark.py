@@ -345,16 +345,25 @@ def generation_config(target, tokenizer, *, sampling: bool, max_new_tokens: int,
 
 
 def parse_pairs(specs: list[str], labels: list[str]) -> list[tuple[str, str]]:
-    """``--vs A:B`` values -> [(A, B)], each a method label of this run."""
+    """``--vs A:B`` values -> [(A, B)] of method labels of this run. A ``--heads`` label stands for the
+    one method it became (``medusa`` for ``medusa [33 tok]``) when there is exactly one."""
+
+    def resolve(name: str, spec: str) -> str:
+        if name in labels:
+            return name
+        found = [x for x in labels if x.startswith(name + " [")]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise ValueError(f"--vs {spec!r}: {name!r} is ambiguous, name one of {found}")
+        raise ValueError(f"--vs {spec!r}: no method labelled {name!r}; methods: {labels}")
+
     pairs = []
     for spec in specs:
         a, sep, b = spec.partition(":")
         if not sep or not a or not b:
             raise ValueError(f"--vs takes LABEL_A:LABEL_B, got {spec!r}")
-        unknown = [x for x in (a, b) if x not in labels]
-        if unknown:
-            raise ValueError(f"--vs {spec!r}: no method labelled {unknown}; methods: {labels}")
-        pairs.append((a, b))
+        pairs.append((resolve(a, spec), resolve(b, spec)))
     return pairs
 
 

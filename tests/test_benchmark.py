@@ -236,9 +236,26 @@ def test_bootstrap_interval_of_the_rate_ratio():
 
 
 def test_vs_labels_are_checked():
-    labels = ["target.generate", "medusa", "medusa-tuned"]
-    assert bench.parse_pairs(["medusa-tuned:medusa"], labels) == [("medusa-tuned", "medusa")]
+    labels = [
+        "target.generate",
+        "medusa [33 tok]",
+        "medusa-tuned [19 tok]",
+        "eagle [16 tok]",
+        "eagle [32 tok]",
+    ]
+    assert bench.parse_pairs(["medusa-tuned [19 tok]:medusa [33 tok]"], labels) == [
+        ("medusa-tuned [19 tok]", "medusa [33 tok]")
+    ]
+    # a --heads label names the one method it became
+    assert bench.parse_pairs(["medusa-tuned:medusa", "eagle [16 tok]:target.generate"], labels) == [
+        ("medusa-tuned [19 tok]", "medusa [33 tok]"),
+        ("eagle [16 tok]", "target.generate"),
+    ]
     with pytest.raises(ValueError, match="takes LABEL_A:LABEL_B"):
         bench.parse_pairs(["medusa"], labels)
-    with pytest.raises(ValueError, match=r"no method labelled \['eagle'\]"):
+    with pytest.raises(ValueError, match="no method labelled 'eagle3'"):
+        bench.parse_pairs(["eagle3:medusa"], labels)
+    with pytest.raises(
+        ValueError, match=r"'eagle' is ambiguous, name one of \['eagle \[16 tok\]', 'eagle \[32 tok\]'\]"
+    ):
         bench.parse_pairs(["eagle:medusa"], labels)

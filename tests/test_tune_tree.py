@@ -279,3 +279,36 @@ def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
         assert c["expected_tokens_per_s"] == pytest.approx(
             c["measured_accept_length"] / (prof["step_s"][c["total_tokens"] - 1] + draft[c["depth"]])
         )
+
+
+def test_load_prompts_text_and_chat_rows(tmp_path):
+    """Text rows give their first tokens; chat rows give the conversation before the first assistant turn,
+    rendered with the template's generation prompt (the held-out chat data `--measure-tau` reads)."""
+    from tune_tree import load_prompts
+
+    from train.demo import SYSTEM_PROMPT, train_tokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300, max_length=128)
+    conv = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "def f(x):\n"},
+        {"role": "assistant", "content": "    return x + 1"},
+    ]
+    sharegpt = [{"from": "human", "value": "def g():\n"}, {"from": "gpt", "value": "    pass"}]
+    rows = [{"text": "def f(x):\n    return x + 1\n"}, {"messages": conv}, {"conversations": sharegpt}]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text, chat, share = load_prompts(str(path), tok, 3, max_tokens=4)
+    assert text.shape == (1, 4) and torch.equal(
+        text, tok(rows[0]["text"], return_tensors="pt").input_ids[:, :4]
+    )
+    want = tok.apply_chat_template(conv[:2], add_generation_prompt=True, tokenize=False)
+    assert tok.decode(chat[0]) == want and want.endswith("<|assistant|>") and "return" not in want
+    assert tok.decode(share[0]).endswith("def g():\n<|end|>\n<|assistant|>")
+    assert [p.shape for p in load_prompts(str(path), tok, 5, skip=1)] == [chat.shape, share.shape]
+    path.write_text(json.dumps({"messages": conv[:2]}) + "\n")
+    with pytest.raises(ValueError, match="data.jsonl row 0: conversation has no assistant turn"):
+        load_prompts(str(path), tok, 1)
+    path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="row 0: prompts need a non-empty 'text' field or a chat 'messages'"):
+        load_prompts(str(path), tok, 1)
