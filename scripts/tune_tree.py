@@ -7,11 +7,16 @@
    ``--accuracies`` to reuse its JSON).
 2. Latency profile: the target's cost of one verification step over k = 1..64 new tokens after a real
    prefix (the forward with the 4D tree mask, greedy acceptance and KV compaction, as `infer.generate`
-   does them), the fastest of ``--repeats`` interleaved repeats (medians are recorded too), made
-   monotone in k; and the draft's cost of one ``propose``.
+   does them), timed at a grid of k (`profile_grid`) and interpolated in between, the fastest of
+   ``--repeats`` interleaved repeats (medians are recorded too), made monotone in k; and the draft's
+   cost of one ``propose``.
 3. Choice (`infer.tree`): Medusa: the greedy tree of N nodes maximising E[τ(N)] / (t_step(N+1) + t_draft),
    N = 1..63. EAGLE-2: (total_tokens, depth) maximising the same with E[τ] from the best static tree
    of that size within the depth and draft_top_k (a conservative estimate of the dynamic tree).
+   With ``--measure-tau P`` (default 4) the candidates (Medusa: greedy trees of several sizes and the
+   default tree; EAGLE: the best budget per depth and the default) are re-priced with τ measured by
+   `infer.generate` on P held-out prompts, and the best measured one is kept (`refine_medusa`,
+   `refine_eagle`).
 4. ``tree.json`` (written atomically) holds the choice plus a ``"tuning"`` record: the profile, the
    accuracies and the expected τ and tokens/s of the tuned and the default tree. `heads.load_heads`
    reads it, so `infer.load` + `infer.generate` use it by default (explicit arguments still win).
@@ -82,17 +87,45 @@ def monotone(values: list[float]) -> list[float]:
 
 
 @torch.inference_mode()
+def profile_grid(max_k: int) -> list[int]:
+    """The k measured by `measure_profile`: every k up to 8, every 4th up to 32, every 8th beyond, and
+    max_k. Fewer points with more repeats each give a steadier fastest-of-n on a shared machine than
+    every k with few repeats; the costs in between are interpolated (they change slowly with k)."""
+    ks = [k for k in range(1, max_k + 1) if k <= 8 or (k <= 32 and k % 4 == 0) or k % 8 == 0]
+    return sorted({*ks, max_k})
+
+
+def interpolate(ks: list[int], values: list[float], max_k: int) -> list[float]:
+    """Piecewise-linear values at k = 1..max_k through the points (ks[i], values[i]); ks sorted, ks[0] = 1."""
+    out = []
+    for k in range(1, max_k + 1):
+        j = next(i for i, x in enumerate(ks) if x >= k)
+        if ks[j] == k:
+            out.append(values[j])
+        else:
+            k0, k1, v0, v1 = ks[j - 1], ks[j], values[j - 1], values[j]
+            out.append(v0 + (v1 - v0) * (k - k0) / (k1 - k0))
+    return out
+
+
 def measure_profile(
-    target, prefix_ids: Tensor, max_k: int = 64, repeats: int = 5, warmup: int = 1, aux_layers=()
+    target,
+    prefix_ids: Tensor,
+    max_k: int = 64,
+    repeats: int = 5,
+    warmup: int = 1,
+    aux_layers=(),
+    ks: list[int] | None = None,
 ) -> dict:
     """Seconds of one verification step over k = 1..max_k new tokens after ``prefix_ids`` [1, T].
 
     A step is what `infer.generate` does per tree: the target forward over the k nodes with the 4D tree
     mask and position ids, `accept_greedy`, the host read of the result and the KV compaction; the cache
     is then cut back to the prefix. The tree shapes are greedy trees on `default_accuracies` (the cost
-    hardly depends on the shape). Returns {"k": [1..max_k], "step_s_median" and "step_s_min": the median
-    and the fastest of the interleaved repeats, "step_s": the `monotone` fit of the fastest (what the
-    choice uses)}. On a shared machine the slowdowns are bursts of contention that only add time: on the
+    hardly depends on the shape). ``ks`` (default: every k) are the sizes timed; the others are
+    `interpolate`d. Returns {"k": [1..max_k], "k_measured": ks, "step_s_median" and "step_s_min": the
+    median and the fastest of the interleaved repeats at every k, "step_s": the `monotone` fit of the
+    fastest (what the choice uses)}. On a shared machine the slowdowns are bursts of contention that only add time: on the
     demo target with 2 busy cores the medians of 7 repeats jumped by up to 30 ms between neighbouring k
     (56-107 ms), while the fastest runs rose smoothly from 48 to 73 ms over k = 1..64. The fastest run
     is the cost of the step itself.
@@ -130,14 +163,17 @@ def measure_profile(
         compact(cache, past, a.path[:n])
         cache.crop(-n)  # back to the prefix (transformers 5: crop(-tokens_to_drop))
 
-    ks = list(range(1, max_k + 1))
+    ks = sorted(set(ks or range(1, max_k + 1)))
+    if ks[0] != 1 or ks[-1] != max_k:
+        raise ValueError(f"the profiled sizes must run from 1 to max_k = {max_k}, got {ks}")
     times = _times({k: (lambda k=k: step(k)) for k in ks}, repeats, warmup, device)
-    fastest = [min(times[k]) for k in ks]
+    fastest = interpolate(ks, [min(times[k]) for k in ks], max_k)
     return {
-        "k": ks,
+        "k": list(range(1, max_k + 1)),
+        "k_measured": ks,
         "step_s": monotone(fastest),
         "step_s_min": fastest,
-        "step_s_median": [statistics.median(times[k]) for k in ks],
+        "step_s_median": interpolate(ks, [statistics.median(times[k]) for k in ks], max_k),
         "prefix_len": past,
         "repeats": repeats,
     }
@@ -309,6 +345,67 @@ def refine_eagle(
     return tree
 
 
+def refine_medusa(
+    model,
+    tree: dict,
+    rank_probs: Tensor,
+    prompts: list[Tensor],
+    profile: dict,
+    draft_s: float,
+    max_new_tokens: int,
+    extra_nodes: tuple[int, ...] = (16, 32, 48, 63),
+) -> dict:
+    """Re-decide the Medusa tree with measured τ. The candidates are the greedy trees on ``rank_probs``
+    of the chosen size and of ``extra_nodes`` sizes (up to what the profile prices), plus the default
+    tree; each is priced as measured τ / (t_step(N + 1) + t_draft). The accuracies come from
+    teacher-forced held-out text, where the heads do better than when the target writes the text, so
+    the estimate undervalues wide trees (measured on the demo: a tuned 18-node tree lost 9% of τ
+    against the 32-node default in generation, where the estimate said 2%); measured τ decides, and the
+    default is among the candidates, so the choice is never one the measurement priced below it.
+    Updates ``tree`` (the paths, and the tuning record) in place and returns it."""
+    from infer.tree import default_tree, greedy_nodes
+
+    rec, step_s = tree["tuning"], profile["step_s"]
+    sizes = sorted({len(tree["paths"]), *(n for n in extra_nodes if n < len(step_s))})
+    cands = {
+        f"greedy,{n} nodes": [list(p) for p in greedy_nodes(rank_probs, n, max_depth=rank_probs.shape[0])[0]]
+        for n in sizes
+    }
+    default = default_tree(rank_probs.shape[0])
+    if len(default) < len(step_s):
+        cands["default"] = default
+    taus = measure_tau(model, prompts, {k: {"tree": v} for k, v in cands.items()}, max_new_tokens)
+    scored = {}
+    for name, paths in cands.items():
+        cost = step_s[len(paths)] + draft_s
+        scored[name] = {
+            "num_nodes": len(paths),
+            "measured_accept_length": taus[name],
+            "expected_tokens_per_s": taus[name] / cost,
+        }
+    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
+    tree["paths"] = cands[best]
+    for key in ("measured_accept_length", "default_measured_accept_length"):  # keep the rank-vector τ
+        if key in rec:
+            rec[key.replace("measured", "rank_vector")] = rec.pop(key)
+    by_nodes = rec.get("expected_accept_length_by_nodes") or []
+    rec.update(
+        num_nodes=len(cands[best]),
+        expected_accept_length=by_nodes[len(cands[best])]
+        if best != "default" and len(cands[best]) < len(by_nodes)
+        else rec.get("default_expected_accept_length"),
+        measured_accept_length=scored[best]["measured_accept_length"],
+        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
+    )
+    if "default" in scored:
+        rec.update(
+            default_measured_accept_length=scored["default"]["measured_accept_length"],
+            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
+        )
+    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    return tree
+
+
 def write_tree(directory: str, tree: dict) -> str:
     from heads.base import TREE_NAME, _atomic_write
 
@@ -399,6 +496,12 @@ def load_prompts(path: str, tokenizer, n: int, max_tokens: int = 96, skip: int =
     return out
 
 
+def measure_src(args: argparse.Namespace, data: str) -> str:
+    """Where ``--measure-tau`` prompts come from: held-out rows of the data the accuracies came from, past
+    the ones scored (the ``--compare`` prompts stay unseen by the tuning)."""
+    return data if data.endswith(".jsonl") and os.path.isfile(data) else prompts_path(args, data)
+
+
 def prompts_path(args: argparse.Namespace, data: str) -> str:
     path = args.prompts or os.path.join(os.path.dirname(data), "prompts.jsonl")
     if not os.path.isfile(path):
@@ -416,14 +519,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--max-k", type=int, default=64, help="largest verification size profiled")
     p.add_argument("--prefix-len", type=int, default=128, help="prefix tokens before the profiled step")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--repeats", type=int, default=15, help="timing repeats per profiled size (the fastest counts)"
+    )
     p.add_argument("--eagle-depths", default="3,4,5,6,7", help="EAGLE-2 depths to consider")
     p.add_argument("--draft-top-k", type=int, default=EAGLE_DEFAULTS["draft_top_k"])
     p.add_argument(
         "--measure-tau",
         type=int,
         default=4,
-        help="EAGLE: re-decide among the best budget per depth by τ measured on this many prompts (0 = off)",
+        help="re-decide among candidate trees (Medusa: sizes; EAGLE: the best budget per depth) by τ "
+        "measured with infer.generate on this many held-out prompts (0 = off)",
     )
     p.add_argument("--compare", type=int, default=0, help="check on this many held-out prompts (0 = skip)")
     p.add_argument(
@@ -465,7 +571,9 @@ def main(argv: list[str] | None = None) -> dict:
     prefix = max((b["input_ids"] for b in rows), key=lambda x: x.shape[1])[:, : args.prefix_len]
     print(f"profiling verification of k = 1..{args.max_k} tokens after a {prefix.shape[1]}-token prefix")
     aux = tuple(getattr(heads, "aux_layer_ids", ()) or ()) if kind == "eagle3" else ()
-    profile = measure_profile(target, prefix, args.max_k, args.repeats, aux_layers=aux)
+    profile = measure_profile(
+        target, prefix, args.max_k, args.repeats, aux_layers=aux, ks=profile_grid(args.max_k)
+    )
     ms = profile["step_s"]
     print(
         "step ms at k=1,8,16,32,64: "
@@ -477,6 +585,24 @@ def main(argv: list[str] | None = None) -> dict:
         )
         profile["draft_s"] = draft["default"]
         tree = tune_medusa(rank_probs, profile, draft["default"], heads.config.num_heads, joint)
+        if args.measure_tau:
+            print(f"measuring τ of the candidate trees on {args.measure_tau} prompts")
+            prompts = load_prompts(
+                measure_src(args, data), tokenizer, args.measure_tau, skip=args.max_examples
+            )
+            tree = refine_medusa(
+                model,
+                tree,
+                rank_probs[: heads.config.num_heads],
+                prompts,
+                profile,
+                draft["default"],
+                args.max_new_tokens // 2,
+            )
+            for name, c in tree["tuning"]["refined"]["candidates"].items():
+                print(
+                    f"  {name}: τ {c['measured_accept_length']:.2f}, {c['expected_tokens_per_s']:.1f} tok/s"
+                )
         configs = {
             "default": {"tree": default_tree(heads.config.num_heads)},
             "tuned": {"tree": tree["paths"]},
@@ -488,9 +614,9 @@ def main(argv: list[str] | None = None) -> dict:
         tree = tune_eagle(rank_probs, profile, draft, args.draft_top_k)
         if args.measure_tau:
             print(f"measuring τ of the candidate budgets on {args.measure_tau} prompts")
-            # held-out rows the accuracies came from (the --compare prompts stay unseen by the tuning)
-            src = data if data.endswith(".jsonl") and os.path.isfile(data) else prompts_path(args, data)
-            prompts = load_prompts(src, tokenizer, args.measure_tau, skip=args.max_examples)
+            prompts = load_prompts(
+                measure_src(args, data), tokenizer, args.measure_tau, skip=args.max_examples
+            )
             tree = refine_eagle(model, tree, prompts, profile, draft, args.max_new_tokens // 2)
             for name, c in tree["tuning"]["refined"]["candidates"].items():
                 print(
@@ -520,7 +646,7 @@ def main(argv: list[str] | None = None) -> dict:
         + (f"{rate:.1f} tok/s)" if rate is not None else "not profiled)")
     )
     if "measured_accept_length" in rec:
-        where = "held-out rank vectors" if kind == "medusa" else "--measure-tau prompts (infer.generate)"
+        where = "--measure-tau prompts (infer.generate)" if "refined" in rec else "held-out rank vectors"
         print(
             f"τ measured on the {where}: tuned {rec['measured_accept_length']:.3f}, "
             f"default {rec.get('default_measured_accept_length', float('nan')):.3f}"

@@ -124,6 +124,17 @@ def test_choose_eagle_budget_matches_brute_force():
     assert best["expected_tokens_per_s"] == pytest.approx(r) and best["draft_top_k"] == 4
 
 
+def test_profile_grid_and_interpolation():
+    from tune_tree import interpolate, profile_grid
+
+    grid = profile_grid(64)
+    assert grid[:8] == list(range(1, 9)) and grid[-1] == 64 and {12, 16, 28, 32, 40, 56} <= set(grid)
+    assert 33 not in grid and len(grid) < 25
+    assert profile_grid(10) == [1, 2, 3, 4, 5, 6, 7, 8, 10]
+    assert interpolate([1, 3, 7], [1.0, 3.0, 5.0], 7) == pytest.approx([1, 2, 3, 3.5, 4, 4.5, 5])
+    assert interpolate([1, 2], [2.0, 1.0], 2) == [2.0, 1.0]  # measured points are kept as they are
+
+
 def test_monotone_profile():
     from tune_tree import monotone
 
@@ -244,6 +255,12 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
     prof = measure_profile(target, prefix, max_k=6, repeats=1, warmup=0)
     assert prof["k"] == [1, 2, 3, 4, 5, 6] and all(t > 0 for t in prof["step_s"])
     assert all(b >= a for a, b in zip(prof["step_s"], prof["step_s"][1:], strict=False))
+    sparse = measure_profile(target, prefix, max_k=6, repeats=1, warmup=0, ks=[1, 3, 6])
+    assert sparse["k"] == [1, 2, 3, 4, 5, 6] and sparse["k_measured"] == [1, 3, 6]
+    assert len(sparse["step_s"]) == len(sparse["step_s_median"]) == 6
+    assert all(b >= a for a, b in zip(sparse["step_s"], sparse["step_s"][1:], strict=False))
+    with pytest.raises(ValueError, match="from 1 to max_k = 6"):
+        measure_profile(target, prefix, max_k=6, repeats=1, warmup=0, ks=[2, 6])
     tree = tune_medusa(
         random_acc(4, depth=3), prof, 0.001, num_heads=3, joint=torch.zeros(5, 3, dtype=torch.long)
     )
@@ -278,6 +295,43 @@ def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
     for c in cands.values():
         assert c["expected_tokens_per_s"] == pytest.approx(
             c["measured_accept_length"] / (prof["step_s"][c["total_tokens"] - 1] + draft[c["depth"]])
+        )
+
+
+def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
+    """Candidates are greedy trees of several sizes plus the default; the kept tree is the best by measured
+    τ / step cost, its τ is what infer.generate measures, and the record keeps the rank-vector τ apart."""
+    from tune_tree import measure_tau, refine_medusa, tune_medusa
+
+    import infer
+    from heads import MedusaHeads
+
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=3)
+    for p in heads.parameters():
+        p.data.normal_(0, 0.1)
+    model = infer.SpecModel(target, heads.eval())
+    prof = {"step_s": [0.01 + 0.0002 * k for k in range(1, 65)]}
+    acc = random_acc(2, depth=3)
+    tree = tune_medusa(acc, prof, 0.001, num_heads=3, joint=torch.zeros(5, 3, dtype=torch.long))
+    chosen = len(tree["paths"])
+    prompts = [torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    tree = refine_medusa(model, tree, acc, prompts, prof, 0.001, max_new_tokens=8)
+    rec = tree["tuning"]
+    cands = rec["refined"]["candidates"]
+    assert "default" in cands and f"greedy,{chosen} nodes" in cands
+    assert {c["num_nodes"] for c in cands.values()} >= {16, 32, 48, 63, chosen}
+    best = max(cands.values(), key=lambda c: c["expected_tokens_per_s"])
+    assert len(validate_paths(tree["paths"])) == len(tree["paths"]) == rec["num_nodes"] == best["num_nodes"]
+    assert rec["measured_accept_length"] == best["measured_accept_length"]
+    got = measure_tau(model, prompts, {"x": {"tree": tree["paths"]}}, 8)["x"]
+    assert best["measured_accept_length"] == got >= 1.0
+    assert rec["default_measured_accept_length"] == cands["default"]["measured_accept_length"]
+    assert "rank_vector_accept_length" in rec and "default_rank_vector_accept_length" in rec
+    for c in cands.values():
+        assert c["expected_tokens_per_s"] == pytest.approx(
+            c["measured_accept_length"] / (prof["step_s"][c["num_nodes"]] + 0.001)
         )
 
 
