@@ -366,3 +366,57 @@ def test_load_prompts_text_and_chat_rows(tmp_path):
     path.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match="row 0: prompts need a non-empty 'text' field or a chat 'messages'"):
         load_prompts(str(path), tok, 1)
+
+
+def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
+    """scripts/tune_tree.py end to end on chat-format held-out data: accuracies, a (grid) profile, the
+    measured-τ refinement with chat prompts, tree.json written, and `load_heads` picking the tree up."""
+    import tune_tree
+
+    from heads import MedusaHeads, load_heads, save_heads
+    from train.demo import train_tokenizer
+
+    code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
+    tok = train_tokenizer(code * 20, vocab_size=300, max_length=256)
+    target = tiny_model("llama", vocab_size=300)
+    target_dir = str(tmp_path / "target")
+    target.save_pretrained(target_dir)
+    tok.save_pretrained(target_dir)
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    for p in heads.parameters():
+        p.data.normal_(0, 0.1)
+    save_heads(heads, str(tmp_path / "heads"))
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"def f{i}(x):\n"},
+                {"role": "assistant", "content": "    return x + 1\n" * (1 + i % 3) + code[i % 2]},
+            ]
+        }
+        for i in range(8)
+    ]
+    data = tmp_path / "eval-chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = [
+        "--heads",
+        str(tmp_path / "heads"),
+        "--target",
+        target_dir,
+        "--data",
+        str(data),
+        "--dtype",
+        "fp32",
+    ]
+    argv += ["--max-examples", "4", "--max-k", "40", "--repeats", "1", "--measure-tau", "2"]
+    tune_tree.main([*argv, "--max-new-tokens", "8"])
+    with open(tmp_path / "heads" / "tree.json") as f:
+        saved = json.load(f)
+    rec = saved["tuning"]
+    assert rec["refined"]["prompts"] == 2 and "default" in rec["refined"]["candidates"]
+    assert {c["num_nodes"] for c in rec["refined"]["candidates"].values()} >= {16, 32}
+    assert rec["profile"]["k"] == list(range(1, 41)) and rec["profile"]["k_measured"][-1] == 40
+    assert len(validate_paths(saved["paths"])) == rec["num_nodes"]
+    assert all(len(p) <= 2 for p in saved["paths"])
+    loaded = load_heads(str(tmp_path / "heads"), target)
+    assert [list(p) for p in loaded.tree] == saved["paths"]
