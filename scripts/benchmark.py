@@ -506,6 +506,11 @@ def quantile(xs: list[float], q: float) -> float:
 BOOTSTRAP_REPS = 2000
 
 
+def total_rate(runs: list[Run]) -> float:
+    """Σ tokens / Σ seconds over ``runs``: the tokens/s of the whole prompt set."""
+    return sum(r.new_tokens for r in runs) / sum(r.seconds for r in runs)
+
+
 def bootstrap_ratio_ci(
     runs: list[Run], base: list[Run], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = 0.95
 ) -> list[float] | None:
@@ -535,9 +540,7 @@ def bootstrap_ratio_ci(
 def compare(a: dict, b: dict, runs_a: list[Run], runs_b: list[Run]) -> dict:
     """Paired comparison of two methods on the same prompts (``--vs A:B``): the ratio of their total rates,
     its `bootstrap_ratio_ci`, and on how many prompts A was faster."""
-    ratio = (sum(r.new_tokens for r in runs_a) / sum(r.seconds for r in runs_a)) / (
-        sum(r.new_tokens for r in runs_b) / sum(r.seconds for r in runs_b)
-    )
+    ratio = total_rate(runs_a) / total_rate(runs_b)
     wins = sum(
         x.new_tokens / x.seconds > y.new_tokens / y.seconds for x, y in zip(runs_a, runs_b, strict=True)
     )
@@ -559,9 +562,7 @@ def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
     have_steps = all(r.steps is not None for r in runs) and steps
     tps = [r.new_tokens / r.seconds for r in runs]
     base_tps = [r.new_tokens / r.seconds for r in base]
-    total_speedup = (sum(r.new_tokens for r in runs) / sum(r.seconds for r in runs)) / (
-        sum(r.new_tokens for r in base) / sum(r.seconds for r in base)
-    )
+    total_speedup = total_rate(runs) / total_rate(base)
     per_prompt = [a / b for a, b in zip(tps, base_tps, strict=True)]
     tau = sum(steps) / len(steps) if have_steps else None
     split = None

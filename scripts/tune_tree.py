@@ -285,6 +285,42 @@ def measure_tau(model, prompts: list[Tensor], configs: dict, max_new_tokens: int
     return taus
 
 
+def pick_by_measured_tau(
+    model,
+    rec: dict,
+    prompts: list[Tensor],
+    cands: dict[str, dict],
+    step_cost: dict[str, float],
+    info: dict[str, dict],
+    max_new_tokens: int,
+) -> str:
+    """Measure the greedy τ of each candidate ({name: generate kwargs}) on ``prompts``, price it as
+    τ / ``step_cost[name]`` (seconds per step), and return the name of the fastest. The tuning record
+    ``rec`` gets the winner's and the default's (a candidate named "default") measured τ and rate, and
+    every candidate under ``"refined"`` (with its ``info``)."""
+    taus = measure_tau(model, prompts, cands, max_new_tokens)
+    scored = {
+        name: {
+            **info[name],
+            "measured_accept_length": taus[name],
+            "expected_tokens_per_s": taus[name] / step_cost[name],
+        }
+        for name in cands
+    }
+    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
+    rec.update(
+        measured_accept_length=scored[best]["measured_accept_length"],
+        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
+    )
+    if "default" in scored:
+        rec.update(
+            default_measured_accept_length=scored["default"]["measured_accept_length"],
+            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
+        )
+    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    return best
+
+
 def refine_eagle(
     model,
     tree: dict,
@@ -314,34 +350,18 @@ def refine_eagle(
     default = dict(EAGLE_DEFAULTS)
     if default["total_tokens"] <= len(step_s) and default["depth"] in draft_s:
         cands["default"] = default
-    taus = measure_tau(model, prompts, cands, max_new_tokens)
-    scored = {}
+    cost, info = {}, {}
     for name, kw in cands.items():
-        cost = step_s[kw["total_tokens"] - 1] + draft_s[kw["depth"]]
+        cost[name] = step_s[kw["total_tokens"] - 1] + draft_s[kw["depth"]]
         static = rec["expected_tokens_per_s_by_depth"].get(str(kw["depth"]))
-        scored[name] = {
+        fits = static and kw["total_tokens"] - 2 < len(static)
+        info[name] = {
             **kw,
-            "measured_accept_length": taus[name],
-            "static_expected_accept_length": (
-                static[kw["total_tokens"] - 2] * cost
-                if static and kw["total_tokens"] - 2 < len(static)
-                else None
-            ),
-            "expected_tokens_per_s": taus[name] / cost,
+            "static_expected_accept_length": static[kw["total_tokens"] - 2] * cost[name] if fits else None,
         }
-    best = max(scored.values(), key=lambda c: c["expected_tokens_per_s"])
-    tree.update({k: best[k] for k in EAGLE_DEFAULTS})
-    rec.update(
-        expected_accept_length=best["static_expected_accept_length"],
-        measured_accept_length=best["measured_accept_length"],
-        expected_tokens_per_s=best["expected_tokens_per_s"],
-    )
-    if "default" in scored:
-        rec.update(
-            default_measured_accept_length=scored["default"]["measured_accept_length"],
-            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
-        )
-    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    best = pick_by_measured_tau(model, rec, prompts, cands, cost, info, max_new_tokens)
+    tree.update({k: cands[best][k] for k in EAGLE_DEFAULTS})
+    rec["expected_accept_length"] = info[best]["static_expected_accept_length"]
     return tree
 
 
@@ -367,42 +387,32 @@ def refine_medusa(
 
     rec, step_s = tree["tuning"], profile["step_s"]
     sizes = sorted({len(tree["paths"]), *(n for n in extra_nodes if n < len(step_s))})
-    cands = {
-        f"greedy,{n} nodes": [list(p) for p in greedy_nodes(rank_probs, n, max_depth=rank_probs.shape[0])[0]]
-        for n in sizes
-    }
+    nodes = [list(p) for p in greedy_nodes(rank_probs, max(sizes))[0]]  # greedy trees are nested
+    paths = {f"greedy,{n} nodes": nodes[:n] for n in sizes}
     default = default_tree(rank_probs.shape[0])
     if len(default) < len(step_s):
-        cands["default"] = default
-    taus = measure_tau(model, prompts, {k: {"tree": v} for k, v in cands.items()}, max_new_tokens)
-    scored = {}
-    for name, paths in cands.items():
-        cost = step_s[len(paths)] + draft_s
-        scored[name] = {
-            "num_nodes": len(paths),
-            "measured_accept_length": taus[name],
-            "expected_tokens_per_s": taus[name] / cost,
-        }
-    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
-    tree["paths"] = cands[best]
+        paths["default"] = default
     for key in ("measured_accept_length", "default_measured_accept_length"):  # keep the rank-vector τ
         if key in rec:
             rec[key.replace("measured", "rank_vector")] = rec.pop(key)
-    by_nodes = rec.get("expected_accept_length_by_nodes") or []
-    rec.update(
-        num_nodes=len(cands[best]),
-        expected_accept_length=by_nodes[len(cands[best])]
-        if best != "default" and len(cands[best]) < len(by_nodes)
-        else rec.get("default_expected_accept_length"),
-        measured_accept_length=scored[best]["measured_accept_length"],
-        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
+    best = pick_by_measured_tau(
+        model,
+        rec,
+        prompts,
+        {k: {"tree": v} for k, v in paths.items()},
+        {k: step_s[len(v)] + draft_s for k, v in paths.items()},
+        {k: {"num_nodes": len(v)} for k, v in paths.items()},
+        max_new_tokens,
     )
-    if "default" in scored:
-        rec.update(
-            default_measured_accept_length=scored["default"]["measured_accept_length"],
-            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
-        )
-    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    tree["paths"] = paths[best]
+    by_nodes = rec.get("expected_accept_length_by_nodes") or []
+    greedy = best != "default" and len(paths[best]) < len(by_nodes)
+    rec.update(
+        num_nodes=len(paths[best]),
+        expected_accept_length=by_nodes[len(paths[best])]
+        if greedy
+        else rec.get("default_expected_accept_length"),
+    )
     return tree
 
 

@@ -429,6 +429,19 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_length: int):
     return hf
 
 
+def _conversation(lines: list[str], rng: random.Random) -> list[dict[str, str]]:
+    """Code lines as a chat: the user gives the first 2-6 lines (and a newline), the assistant the rest; a
+    quarter of the conversations start with `SYSTEM_PROMPT`."""
+    k = rng.randint(2, 6)
+    messages = [
+        {"role": "user", "content": "\n".join(lines[:k]) + "\n"},
+        {"role": "assistant", "content": "\n".join(lines[k:])},
+    ]
+    if rng.random() < 0.25:
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    return messages
+
+
 def _documents(files: list[str], tokenizer) -> list[list[int]]:
     """Token ids of the target's training documents, one per file (chat files: one per conversation).
 
@@ -446,14 +459,7 @@ def _documents(files: list[str], tokenizer) -> list[list[int]]:
             continue
         rng = random.Random(f"chat:{rel}")
         for chunk in _code_chunks(text, rng):
-            lines = chunk.split("\n")
-            k = rng.randint(2, 6)
-            messages = [
-                {"role": "user", "content": "\n".join(lines[:k]) + "\n"},
-                {"role": "assistant", "content": "\n".join(lines[k:])},
-            ]
-            if rng.random() < 0.25:
-                messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+            messages = _conversation(chunk.split("\n"), rng)
             texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
             is_chat.append(True)
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -799,24 +805,12 @@ def ensure_demo_data(
 
 
 def chat_rows(texts: list[str], seed: int = 0) -> list[dict]:
-    """Code chunks as conversations, in the form the demo target saw its chat files (`_documents`).
-
-    The user message is a chunk's first 2-6 lines plus a newline, the assistant message is the rest;
-    a quarter of the conversations start with `SYSTEM_PROMPT`. Deterministic given ``(texts, seed)``.
-    """
-    rows = []
-    for i, text in enumerate(texts):
-        rng = random.Random(f"{seed}:chat-rows:{i}")
-        lines = text.rstrip("\n").split("\n")
-        k = min(rng.randint(2, 6), max(1, len(lines) - 1))
-        messages = [
-            {"role": "user", "content": "\n".join(lines[:k]) + "\n"},
-            {"role": "assistant", "content": "\n".join(lines[k:])},
-        ]
-        if rng.random() < 0.25:
-            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-        rows.append({"messages": messages})
-    return rows
+    """Code chunks as conversations (`_conversation`), in the form the demo target saw its chat files
+    (`_documents`). Deterministic given ``(texts, seed)``."""
+    return [
+        {"messages": _conversation(text.rstrip("\n").split("\n"), random.Random(f"{seed}:chat-rows:{i}"))}
+        for i, text in enumerate(texts)
+    ]
 
 
 def ensure_demo_chat_data(size: Size = "full", seed: int = 0, cache: str | None = None) -> dict[str, str]:
