@@ -66,6 +66,25 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+def reset_accelerate() -> None:
+    """Forget accelerate's singleton state, so the next in-process training run builds its own."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """One thread (the models are tiny; extra threads only contend on a 2-core machine) and a clean
+    accelerate state after the test, for tests that run training in-process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    reset_accelerate()
+
+
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param

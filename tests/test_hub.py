@@ -404,18 +404,6 @@ def _tiny_training(tmp_path):
     return path, data, _overrides
 
 
-@pytest.fixture
-def fresh_accelerate():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 @pytest.mark.parametrize("strategy", ["end", "every_save"])
 def test_training_pushes_at_the_end_or_at_each_save(
     strategy, tmp_path, fake_hub, monkeypatch, fresh_accelerate

@@ -19,11 +19,11 @@ import pytest
 import test_train
 import torch
 import torch.nn.functional as F
+from conftest import reset_accelerate
 from test_train import (
     _kill_after_checkpoint,
     _metrics,
     _overrides,
-    _reset_accelerate,
     launch_zero2_two_processes,
 )
 
@@ -254,12 +254,12 @@ def test_joint_resume_after_kill_matches_uninterrupted_run(tiny_target, tiny_dat
               "joint.heads_coef_warmup_steps": 2}  # fmt: skip
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     train_heads.main(_joint_overrides(tiny_target, tiny_data, full, **common))
-    _reset_accelerate()
+    reset_accelerate()
     _kill_after_checkpoint(monkeypatch, train_heads, at_step=2)
     with pytest.raises(KeyboardInterrupt):
         train_heads.main(_joint_overrides(tiny_target, tiny_data, killed, **common))
     monkeypatch.undo()
-    _reset_accelerate()
+    reset_accelerate()
     train_heads.main(["--resume", *_joint_overrides(tiny_target, tiny_data, killed, **common)])
     assert [r["step"] for r in _metrics(killed) if "train/loss" in r] == [1, 2, 3, 4]
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):

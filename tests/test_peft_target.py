@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import reset_accelerate, tiny_model
 from test_train import tiny_data, tiny_target  # noqa: F401  (session fixtures: a tokenizer-equipped target)
 from torch import nn
 
@@ -333,7 +333,6 @@ def test_target_config_keys():
 
 
 def test_train_heads_on_adapted_target_records_the_adapter(request, tmp_path):
-    from accelerate.state import AcceleratorState, GradientState
     from peft import LoraConfig, get_peft_model
     from test_train import _overrides
     from transformers import AutoModelForCausalLM
@@ -355,8 +354,7 @@ def test_train_heads_on_adapted_target_records_the_adapter(request, tmp_path):
         assert train_heads.target_forward(run, batch).logits.shape[1] == 1  # logits_to_keep got through
         train_heads.finish(run)
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate()
     with open(os.path.join(out, "config.json")) as f:
         saved = json.load(f)
     assert saved["target_adapter"] == str(tmp_path / "lora") and len(saved["target_adapter_sha256"]) == 64

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+from conftest import reset_accelerate
 
 from train.losses import medusa_loss, medusa_stats
 
@@ -151,17 +152,9 @@ def tiny_data(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """Each in-process run builds its own Accelerator; accelerate keeps singleton state between them.
-    One thread: these models are tiny, and extra threads only contend on a 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _fresh_accelerate_state(fresh_accelerate):
+    """Each in-process run builds its own Accelerator; accelerate keeps singleton state between them."""
     yield
-    torch.set_num_threads(threads)
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 def _overrides(target: str, data: str, out: str, **extra) -> list[str]:
@@ -230,13 +223,6 @@ def test_single_process_run_learns_and_saves_reloadable_heads(tiny_target, tiny_
     assert again["top1"] == pytest.approx(ev["top1"]) and again["count"] == ev["count"]
 
 
-def _reset_accelerate() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def _kill_after_checkpoint(monkeypatch, train_heads, at_step: int) -> None:
     """Make the run die (like a kill -9 would) right after the step-``at_step`` checkpoint is complete."""
     real_save = train_heads.save_checkpoint
@@ -283,13 +269,13 @@ def test_resume_after_kill_mid_epoch_matches_uninterrupted_run(
         "step-4",
         "step-6",
     ]  # limit 2 dropped step-2
-    _reset_accelerate()
+    reset_accelerate()
 
     _kill_after_checkpoint(monkeypatch, train_heads, at_step=2)
     with pytest.raises(KeyboardInterrupt):
         train_heads.main(_overrides(tiny_target, tiny_data, killed, **common))
     monkeypatch.undo()
-    _reset_accelerate()
+    reset_accelerate()
     assert not os.path.exists(os.path.join(killed, "model.safetensors"))
     assert os.listdir(os.path.join(killed, "checkpoints")) == ["step-2"]
     state = _trainer_state(killed, 2)
@@ -316,13 +302,13 @@ def test_resume_from_end_of_epoch_checkpoint(tiny_target, tiny_data, tmp_path, m
     common = {"train.max_steps": 6, "train.save_every": 4, "train.save_total_limit": 0, "train.batch_size": 8}
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     train_heads.main(_overrides(tiny_target, tiny_data, full, **common))
-    _reset_accelerate()
+    reset_accelerate()
 
     _kill_after_checkpoint(monkeypatch, train_heads, at_step=4)
     with pytest.raises(KeyboardInterrupt):
         train_heads.main(_overrides(tiny_target, tiny_data, killed, **common))
     monkeypatch.undo()
-    _reset_accelerate()
+    reset_accelerate()
     state = _trainer_state(killed, 4)
     assert (state["step"], state["epoch"], state["batches_in_epoch"]) == (4, 0, 4)
 

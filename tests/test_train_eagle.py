@@ -14,7 +14,8 @@ import os
 import pytest
 import test_train
 import torch
-from test_train import _assert_same_heads, _kill_after_checkpoint, _metrics, _overrides, _reset_accelerate
+from conftest import reset_accelerate
+from test_train import _assert_same_heads, _kill_after_checkpoint, _metrics, _overrides
 
 # test_train's fixtures: the tiny target and data (session-scoped) and a fresh accelerate state per test.
 tiny_target, tiny_data = test_train.tiny_target, test_train.tiny_data
@@ -111,13 +112,13 @@ def test_eagle_resume_after_kill_matches_uninterrupted_run(tiny_target, tiny_dat
     common = {"train.max_steps": 6, "train.save_every": 2, "train.eval_every": 3, "train.log_every": 1}
     full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
     train_heads.main(_eagle_overrides(tiny_target, tiny_data, full, "eagle", **common))
-    _reset_accelerate()
+    reset_accelerate()
 
     _kill_after_checkpoint(monkeypatch, train_heads, at_step=4)  # after the step-3 eval (best copy kept)
     with pytest.raises(KeyboardInterrupt):
         train_heads.main(_eagle_overrides(tiny_target, tiny_data, killed, "eagle", **common))
     monkeypatch.undo()
-    _reset_accelerate()
+    reset_accelerate()
     train_heads.main(["--resume", *_eagle_overrides(tiny_target, tiny_data, killed, "eagle", **common)])
     steps = [r["step"] for r in _metrics(killed) if "train/loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
@@ -167,7 +168,7 @@ def test_offline_features_give_the_online_loss(head_type, tiny_target, tiny_data
         loss_off, m_off = train_heads.batch_loss(run, off_batch)
     torch.testing.assert_close(loss_off, loss_on, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m_off["top1"], m_on["top1"])
-    _reset_accelerate()
+    reset_accelerate()
 
     ev = train_heads.train(cfg, features=feats)
     assert ev is not None and ev["count"][0] > 0
