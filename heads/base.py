@@ -133,16 +133,13 @@ class HeadConfig:
     def record_adapter(self, target: nn.Module) -> None:
         """Note the PEFT adapter ``target`` carries (see `heads.graft.adapter_info`) in this config.
 
-        A local adapter is recorded by its directory's name only (with the sha256 of its weights): an
-        absolute path of this machine means nothing elsewhere, and a heads config never sends the loader
-        outside the heads directory (`adapter_location`); pass ``adapter=`` to load it."""
-        from heads.graft import adapter_info, looks_local
+        A local adapter's path is kept for the record (and scrubbed from uploads: `heads.hub.scrub`), but
+        loading never follows it: only an adapter inside the heads directory or a Hub id is applied from
+        the config (`adapter_location`); for any other, pass ``adapter=``."""
+        from heads.graft import adapter_info
 
         info = adapter_info(target) or {}
-        name = info.get("name_or_path")
-        if name and looks_local(name):
-            name = os.path.basename(os.path.normpath(os.path.expanduser(name)))
-        self.target_adapter = name
+        self.target_adapter = info.get("name_or_path")
         self.target_adapter_sha256 = info.get("sha256")
 
     def record_target(self, target: nn.Module) -> None:
@@ -410,14 +407,14 @@ def load_heads(
     config_cls, module_cls = REGISTRY[head_type]
     check_sizes(raw, os.path.join(directory, CONFIG_NAME))
     config = config_cls.from_dict(raw)
-    if target is not None:
-        config.check_target(target)
-        config.check_identity(target, allow_other_target)
     adapter_dir = _stored_adapter(directory, config.target_adapter)
     if config.target_adapter_sha256 is None and adapter_dir is not None:
         from heads.graft import adapter_fingerprint
 
         config.target_adapter_sha256 = adapter_fingerprint(adapter_dir)  # the adapter saved with the heads
+    if target is not None:
+        config.check_target(target)
+        config.check_identity(target, allow_other_target)
     wpath = inside(directory, WEIGHTS_NAME)
     if not os.path.isfile(wpath):
         raise FileNotFoundError(f"{wpath} is missing: not a selfspec heads checkpoint")
