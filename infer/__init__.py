@@ -90,8 +90,7 @@ class SpecModel:
                 raise ValueError(
                     "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"
                 )
-            vocab = getattr(self.heads.config, "draft_vocab", None) or self.heads.config.vocab_size
-            check_tree_budget(dynamic, "generate", draft_vocab=vocab)
+            check_tree_budget(dynamic, "generate")  # a draft_top_k beyond the draft vocab is clamped to it
             embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
             tuned = getattr(self.heads, "dynamic_tree", None) or {}
             return EagleProposer(self.heads, embed, lm_head, **(tuned | dynamic))

@@ -111,6 +111,10 @@ def _resolve(target, generation_config, overrides: dict):
     target's ``generation_config`` > transformers' global defaults (e.g. ``top_k=50`` when sampling)."""
     from transformers import GenerationConfig
 
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(
+            f"generation_config must be a transformers GenerationConfig or None, got {type(generation_config).__name__}"
+        )
     base = target.generation_config
     gc = copy.deepcopy(generation_config if generation_config is not None else base or GenerationConfig())
     if generation_config is not None and base is not None:

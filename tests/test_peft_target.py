@@ -360,7 +360,9 @@ def test_train_heads_on_adapted_target_records_the_adapter(request, tmp_path):
     with open(os.path.join(out, "config.json")) as f:
         saved = json.load(f)
     assert saved["target_adapter"] == str(tmp_path / "lora") and len(saved["target_adapter_sha256"]) == 64
-    model = infer.load(target_dir, out, adapter=str(tmp_path / "lora"))  # a local adapter: named by the caller
+    model = infer.load(
+        target_dir, out, adapter=str(tmp_path / "lora")
+    )  # a local adapter: named by the caller
     assert adapter_info(model.target)["sha256"] == saved["target_adapter_sha256"]
     with pytest.raises(ValueError, match="but the target has no adapter"):
         load_heads(out, load_target(target_dir))

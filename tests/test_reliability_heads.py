@@ -114,7 +114,9 @@ def test_push_uploads_the_allow_list_only_private_and_without_local_paths(target
     for rel, data in secrets.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(data)
-    (out / "train_config.yaml").write_text(f"data:\n  path: {tmp_path}/data.jsonl\n  format: text\noutput_dir: {out}\n")
+    (out / "train_config.yaml").write_text(
+        f"data:\n  path: {tmp_path}/data.jsonl\n  format: text\noutput_dir: {out}\n"
+    )
     (out / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
     (out / "adapter" / "adapter_model.safetensors").write_bytes(b"y")
     allowed = ["README.md", "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "config.json",
@@ -133,9 +135,13 @@ def test_push_uploads_the_allow_list_only_private_and_without_local_paths(target
     assert cfg["base_model_name_or_path"] == "my-llama" and cfg["target_adapter"] == "lora-a"
     assert cfg["num_heads"] == 2
     assert b"data.jsonl" in fake_hub.committed["train_config.yaml"]  # the name is kept, the path is not
-    assert json.loads(fake_hub.committed["adapter/adapter_config.json"])["base_model_name_or_path"] == "my-llama"
+    assert (
+        json.loads(fake_hub.committed["adapter/adapter_config.json"])["base_model_name_or_path"] == "my-llama"
+    )
     assert fake_hub.committed["model.safetensors"] == (out / "model.safetensors").read_bytes()
-    assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == base  # local: untouched
+    assert (
+        json.loads((out / "config.json").read_text())["base_model_name_or_path"] == base
+    )  # local: untouched
 
     H.push_heads_dir(str(out), "org/m", token="hf_x", private=False)
     assert fake_hub.created["visibility"] == "public"  # public only when asked
@@ -162,11 +168,12 @@ def test_model_card_holds_no_absolute_path(target, tmp_path):
         "base_model_name_or_path": "/home/me/models/llama-8b",
         "target_adapter": "/home/me/loras/my-lora",
     }
-    train = {"data": {"path": "/home/me/data/train.jsonl", "format": "text", "eval_path": "/home/me/data/e.jsonl"}}
+    train = {
+        "data": {"path": "/home/me/data/train.jsonl", "format": "text", "eval_path": "/home/me/data/e.jsonl"}
+    }
     card = H.model_card_text(cfg, train_config=train, repo_id="/home/me/out/heads")
     assert "/home/me" not in card and "llama-8b" in card and "train.jsonl" in card
     assert "base_model:" not in card.split("---")[1] and "datasets" not in card.split("---")[1]
-
 
 
 # ---------------------------------------------------------------------------------------------- #6 paths
@@ -179,7 +186,9 @@ def test_target_adapter_path_outside_the_heads_is_refused(target, tmp_path, reco
     (tmp_path / "somewhere").mkdir()  # "../../somewhere" exists and is a directory
     (tmp_path / "somewhere" / "adapter_config.json").write_text("{}")
     _edit_config(heads_dir, target_adapter=recorded)
-    with pytest.raises(ValueError, match="target_adapter .*(absolute path|leaves the checkpoint).*pass adapter=") as e:
+    with pytest.raises(
+        ValueError, match="target_adapter .*(absolute path|leaves the checkpoint).*pass adapter="
+    ) as e:
         infer.load(str(tmp_path / "no-target-needed"), str(heads_dir))
     _one_line(e)
 
@@ -202,6 +211,21 @@ def test_symlinks_out_of_the_heads_directory_are_refused(target, tmp_path):
     _edit_config(heads_dir, target_adapter=None)
     with pytest.raises(ValueError, match="model.safetensors' resolves to .*outside the checkpoint"):
         load_heads(str(heads_dir), target)
+
+
+def test_importer_weights_file_linked_from_elsewhere_is_refused(target, tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"0.0.linear.weight": torch.zeros(32, 32)}, str(tmp_path / "elsewhere.safetensors"))
+    orig = tmp_path / "medusa-original"
+    orig.mkdir()
+    (orig / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1}))
+    os.symlink(tmp_path / "elsewhere.safetensors", orig / "medusa_lm_head.safetensors")
+    with pytest.raises(
+        ValueError, match="medusa_lm_head.safetensors' resolves to .*outside the checkpoint"
+    ) as e:
+        load_heads(str(orig), target)
+    _one_line(e)
 
 
 def test_hub_snapshot_symlinks_into_its_own_blobs_are_inside(target, tmp_path):
@@ -228,7 +252,10 @@ def test_hub_snapshot_symlinks_into_its_own_blobs_are_inside(target, tmp_path):
         ({"num_heads": 10**9}, r"'num_heads' must be an int in \[1, 64\]"),
         ({"vocab_size": -1}, r"'vocab_size' must be an int in \[1, 4194304\]"),
         ({"hidden_size": "32"}, r"'hidden_size' must be an int in \[1, 65536\], got '32'"),
-        ({"num_layers": 2}, r"does not match medusa heads .*missing \[blocks.0.1.linear.bias, .*\(6 in all\)"),
+        (
+            {"num_layers": 2},
+            r"does not match medusa heads .*missing \[blocks.0.1.linear.bias, .*\(6 in all\)",
+        ),
         ({"lm_head": "own"}, r"does not match medusa heads .*missing \[lm_heads.0.weight"),
         ({"lm_head": 5}, "lm_head must be str, got '5'"),
     ],
@@ -248,7 +275,11 @@ def test_eagle_target_config_sizes_are_bounded_and_match_the_header(target, tmp_
     cfg = json.loads((tmp_path / "config.json").read_text())
     for key, value, message in [
         ("intermediate_size", 10**9, r"'target_config.intermediate_size' must be an int in \[1, 1048576\]"),
-        ("intermediate_size", 128, r"does not match eagle heads .*shapes differ: \[layers.0.mlp.down_proj.weight"),
+        (
+            "intermediate_size",
+            128,
+            r"does not match eagle heads .*shapes differ: \[layers.0.mlp.down_proj.weight",
+        ),
         ("num_attention_heads", True, r"'target_config.num_attention_heads' must be an int"),
     ]:
         _edit_config(tmp_path, target_config=cfg["target_config"] | {key: value})
@@ -289,8 +320,14 @@ def test_medusa_tree_json_ranks_and_size_are_bounded(target, tmp_path, tree, mes
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"depth": 4000, "draft_top_k": 4, "total_tokens": 16}, r"'depth' must be an int in \[1, 64\], got 4000"),
-        ({"depth": 4, "draft_top_k": 4, "total_tokens": 10**7}, r"'total_tokens' must be an int in \[2, 4096\]"),
+        (
+            {"depth": 4000, "draft_top_k": 4, "total_tokens": 16},
+            r"'depth' must be an int in \[1, 64\], got 4000",
+        ),
+        (
+            {"depth": 4, "draft_top_k": 4, "total_tokens": 10**7},
+            r"'total_tokens' must be an int in \[2, 4096\]",
+        ),
         ({"depth": 4, "draft_top_k": 97, "total_tokens": 16}, r"'draft_top_k' must be an int in \[1, 96\]"),
     ],
 )
@@ -320,19 +357,32 @@ def spec(target):
     [
         ({"max_new_tokens": -5}, r"max_new_tokens must be an int >= 0, got -5"),
         ({"max_new_tokens": 2.5}, r"max_new_tokens must be an int >= 0"),
-        ({"eos_token_id": "</s>"}, r"eos_token_id must be a token id .* in \[0, 95\], got '</s>' .*convert_tokens_to_ids"),
+        (
+            {"eos_token_id": "</s>"},
+            r"eos_token_id must be a token id .* in \[0, 95\], got '</s>' .*convert_tokens_to_ids",
+        ),
         ({"eos_token_id": [2, 500]}, r"eos_token_id must be a token id .* in \[0, 95\], got 500"),
         ({"do_sample": True, "temperature": 0.0}, r"temperature must be a number > 0 when sampling, got 0.0"),
         ({"do_sample": True, "top_p": 1.5}, r"top_p must be a number in \(0, 1\], got 1.5"),
         ({"do_sample": True, "top_p": 0}, r"top_p must be a number in \(0, 1\]"),
         ({"do_sample": True, "top_k": -1}, r"top_k must be an int >= 0"),
         ({"do_sample": "yes"}, "do_sample must be True or False"),
-        ({"acceptance": "typical", "do_sample": True, "typical_eps": 2.0}, r"typical_eps must be a number in \[0, 1\]"),
+        (
+            {"acceptance": "typical", "do_sample": True, "typical_eps": 2.0},
+            r"typical_eps must be a number in \[0, 1\]",
+        ),
         ({"generator": 3}, "generator must be a torch.Generator"),
+        (
+            {"generation_config": {"max_new_tokens": 3}},
+            "generation_config must be a transformers GenerationConfig",
+        ),
         ({"streamer": object()}, r"streamer must have put\(\) and end\(\)"),
         ({"tree": [[0], [500]]}, r"tree: tree rank 500 is beyond the vocabulary; ranks must be in \[0, 95\]"),
         ({"tree": [[0]] * 1 + [[i] for i in range(1, 5000)]}, r"the tree has 5000 nodes"),
-        ({"attention_mask": torch.ones(1, 2)}, r"attention_mask must be a tensor of input_ids' shape \(1, 4\)"),
+        (
+            {"attention_mask": torch.ones(1, 2)},
+            r"attention_mask must be a tensor of input_ids' shape \(1, 4\)",
+        ),
     ],
 )
 def test_generate_arguments_are_checked(spec, kwargs, message):
@@ -345,9 +395,15 @@ def test_generate_arguments_are_checked(spec, kwargs, message):
 @pytest.mark.parametrize(
     ("ids", "message"),
     [
-        (torch.tensor([[3, 96, 5]]), r"input_ids holds token id 96, outside the target's vocabulary \[0, 95\]"),
+        (
+            torch.tensor([[3, 96, 5]]),
+            r"input_ids holds token id 96, outside the target's vocabulary \[0, 95\]",
+        ),
         (torch.tensor([[3, -1]]), r"input_ids holds token id -1"),
-        (torch.tensor([[3.0, 4.0]]), r"input_ids must hold integer token ids \(torch.long\), got dtype torch.float32"),
+        (
+            torch.tensor([[3.0, 4.0]]),
+            r"input_ids must hold integer token ids \(torch.long\), got dtype torch.float32",
+        ),
         ([[3, 4]], r"input_ids must be a torch.Tensor"),
         (torch.tensor([[3, 4]])[:, :0], "empty prompt"),
     ],
@@ -362,7 +418,10 @@ def test_generate_still_takes_the_edge_cases_that_are_valid(spec, target):
     ids = torch.tensor([3, 4, 5, 6], dtype=torch.int32)  # 1-D, int32: a batch of one
     ref = target.generate(ids[None].long(), attention_mask=torch.ones(1, 4, dtype=torch.long), max_new_tokens=5,
                           do_sample=False)  # fmt: skip
-    assert infer.generate(spec, ids, max_new_tokens=5, eos_token_id=torch.tensor([2])).sequences.tolist() == ref.tolist()
+    assert (
+        infer.generate(spec, ids, max_new_tokens=5, eos_token_id=torch.tensor([2])).sequences.tolist()
+        == ref.tolist()
+    )
     assert infer.generate(spec, ids[None], max_new_tokens=0).sequences.shape == (1, 4)
 
 
@@ -371,7 +430,7 @@ def test_eagle_budget_arguments_are_checked(target):
     ids = torch.tensor([[3, 4, 5]])
     for kw, message in [({"depth": 4000}, r"generate: 'depth' must be an int in \[1, 64\], got 4000"),
                         ({"total_tokens": 1}, r"'total_tokens' must be an int in \[2, 4096\], got 1"),
-                        ({"draft_top_k": 0.5}, r"'draft_top_k' must be an int in \[1, 96\]")]:  # fmt: skip
+                        ({"draft_top_k": 0.5}, r"'draft_top_k' must be an int in \[1, 1024\]")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             infer.generate(m, ids, max_new_tokens=3, **kw)
 
@@ -404,8 +463,13 @@ def test_heads_refuse_another_target_of_the_same_sizes(target, tmp_path):
 
     other_weights = tiny_model("llama", seed=5)  # same architecture and sizes, other weights
     mistral = tiny_model("mistral")  # another architecture of the same sizes
-    for other, what in [(other_weights, r"its embed weights differ"), (mistral, r"architecture MistralForCausalLM")]:
-        with pytest.raises(ValueError, match=f"trained on another target .*{what}.*allow_other_target=True") as e:
+    for other, what in [
+        (other_weights, r"its embed weights differ"),
+        (mistral, r"architecture MistralForCausalLM"),
+    ]:
+        with pytest.raises(
+            ValueError, match=f"trained on another target .*{what}.*allow_other_target=True"
+        ) as e:
             infer.load(other, str(tmp_path))
         _one_line(e)
         with pytest.raises(ValueError, match="trained on another target"):

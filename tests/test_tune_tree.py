@@ -226,8 +226,14 @@ def test_malformed_tree_json_medusa(tmp_path, content, message):
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"total_tokens": 1, "depth": 3, "draft_top_k": 2}, r"'total_tokens' must be an int in \[2, 4096\], got 1"),
-        ({"total_tokens": 8, "depth": "3", "draft_top_k": 2}, r"'depth' must be an int in \[1, 64\], got '3'"),
+        (
+            {"total_tokens": 1, "depth": 3, "draft_top_k": 2},
+            r"'total_tokens' must be an int in \[2, 4096\], got 1",
+        ),
+        (
+            {"total_tokens": 8, "depth": "3", "draft_top_k": 2},
+            r"'depth' must be an int in \[1, 64\], got '3'",
+        ),
         ({"total_tokens": 8, "depth": 3}, "need exactly the keys"),
         ({"paths": [[0]]}, "need exactly the keys"),
     ],

@@ -274,7 +274,7 @@ class RunConfig:
     # key: `hf auth login` or HF_TOKEN, checked when the run starts.
     push_to_hub: bool = False
     hub_model_id: str | None = None  # "your-name/heads-name" (required with push_to_hub)
-    hub_private: bool | None = None  # a new repo is private unless false (None = private; an existing repo keeps its own)
+    hub_private: bool | None = None  # a new repo is private unless false (None: private too)
     hub_strategy: str = "end"  # "end": push the final heads | "every_save": also the heads at each checkpoint
 
     def __post_init__(self) -> None:
