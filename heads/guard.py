@@ -18,12 +18,16 @@ allowed range, before anything expensive is built:
   (ranks below the vocabulary, depth at most the number of Medusa heads, top-k at most the draft vocab).
 - **the target** (`target_fingerprint`, `identity_problems`): heads record the target's architecture
   and a fingerprint of its embedding and lm_head; a different target of the same sizes is refused.
+
+And the other way round, what leaves the machine: `scrub` cuts every absolute local path in a JSON/YAML
+document to its last component before a push uploads it (`heads.hub.upload_payloads`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,6 +112,44 @@ def inside(directory: str, relative: str, what: str = "path") -> str:
     return joined
 
 
+# What an uploaded file may say about a path of this machine (`heads.hub.upload_payloads`, model cards).
+
+_WINDOWS_ABS = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def is_local_path(value: Any) -> bool:
+    """True for a string that is an absolute or home-relative local path, or climbs out with ``..``."""
+    if not isinstance(value, str) or not value:
+        return False
+    return (
+        value.startswith(("/", "~", "\\"))
+        or bool(_WINDOWS_ABS.match(value))
+        or ".." in value.replace("\\", "/").split("/")
+    )
+
+
+def public_name(value: Any) -> Any:
+    """What an uploaded file may say for ``value``: a local absolute path becomes its last component
+    (``/home/me/models/llama-8b`` -> ``llama-8b``); Hub ids, relative paths and non-strings are kept."""
+    if not is_local_path(value):
+        return value
+    return os.path.basename(os.path.normpath(os.path.expanduser(value))) or None
+
+
+def scrub(obj: Any, found: set[str] | None = None) -> Any:
+    """``obj`` (parsed JSON/YAML) with every local path string replaced by `public_name`; the paths
+    replaced are added to ``found``."""
+    if isinstance(obj, dict):
+        return {k: scrub(v, found) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub(v, found) for v in obj]
+    if is_local_path(obj):
+        if found is not None:
+            found.add(obj)
+        return public_name(obj)
+    return obj
+
+
 # ---------------------------------------------------------------------------------------------- sizes
 
 
@@ -135,6 +177,8 @@ def check_sizes(raw: dict[str, Any], where: str) -> None:
             _check_range(where, key, raw[key], lo, hi, nullable=key == "draft_vocab_size")
     tc = raw.get("target_config")
     if isinstance(tc, dict):
+        if "auto_map" in tc:  # the draft layer is rebuilt from this config: never from remote code
+            raise ValueError(f"{where}: target_config.auto_map names remote model code; it is refused")
         for key, (lo, hi) in TARGET_CONFIG_LIMITS.items():
             if key in tc:
                 _check_range(where, f"target_config.{key}", tc[key], lo, hi, nullable=key == "head_dim")
@@ -273,8 +317,9 @@ def target_architecture(target: nn.Module) -> tuple[str, str]:
     return type(inner).__name__, str(getattr(target.config.get_text_config(), "model_type", ""))
 
 
-def _close(a: Sequence[float], b: Sequence[float]) -> bool:
-    if len(a) != len(b):
+def _close(a: Sequence[float], b: Any) -> bool:
+    numbers = isinstance(b, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in b)
+    if not numbers or len(a) != len(b):  # a malformed record never matches
         return False
     scale = max((abs(x) for x in (*a, *b)), default=0.0)
     return all(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import warnings
 from typing import Any
@@ -53,6 +52,7 @@ from heads.base import (
     resolve_dir,
     save_heads,
 )
+from heads.guard import public_name, scrub
 
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
@@ -229,42 +229,6 @@ def upload_files(directory: str) -> list[str]:
             )
     names = list(UPLOAD_FILES) + [f"{ADAPTER_DIR}/{n}" for n in ADAPTER_FILES]
     return sorted(n for n in names if os.path.isfile(inside(directory, n, "uploaded file")))
-
-
-_WINDOWS_ABS = re.compile(r"^[A-Za-z]:[\\/]")
-
-
-def is_local_path(value: Any) -> bool:
-    """True for a string that is an absolute or home-relative local path, or climbs out with ``..``."""
-    if not isinstance(value, str) or not value:
-        return False
-    return (
-        value.startswith(("/", "~", "\\"))
-        or bool(_WINDOWS_ABS.match(value))
-        or ".." in value.replace("\\", "/").split("/")
-    )
-
-
-def public_name(value: Any) -> Any:
-    """What an uploaded file may say for ``value``: a local absolute path becomes its last component
-    (``/home/me/models/llama-8b`` -> ``llama-8b``); Hub ids, relative paths and non-strings are kept."""
-    if not is_local_path(value):
-        return value
-    return os.path.basename(os.path.normpath(os.path.expanduser(value))) or None
-
-
-def scrub(obj: Any, found: set[str] | None = None) -> Any:
-    """``obj`` (parsed JSON/YAML) with every local path string replaced by `public_name`; the paths
-    replaced are added to ``found``."""
-    if isinstance(obj, dict):
-        return {k: scrub(v, found) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [scrub(v, found) for v in obj]
-    if is_local_path(obj):
-        if found is not None:
-            found.add(obj)
-        return public_name(obj)
-    return obj
 
 
 def upload_payloads(directory: str) -> list[tuple[str, str | bytes]]:

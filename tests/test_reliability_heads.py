@@ -281,6 +281,7 @@ def test_eagle_target_config_sizes_are_bounded_and_match_the_header(target, tmp_
             r"does not match eagle heads .*shapes differ: \[layers.0.mlp.down_proj.weight",
         ),
         ("num_attention_heads", True, r"'target_config.num_attention_heads' must be an int"),
+        ("auto_map", {"AutoModelForCausalLM": "x.Y"}, r"target_config.auto_map names remote model code"),
     ]:
         _edit_config(tmp_path, target_config=cfg["target_config"] | {key: value})
         with pytest.raises(ValueError, match=message) as e:
@@ -477,6 +478,12 @@ def test_heads_refuse_another_target_of_the_same_sizes(target, tmp_path):
         with pytest.warns(UserWarning, match="trained on another target"):
             m = infer.load(other, str(tmp_path), allow_other_target=True)
         assert m.heads.config.num_heads == 2
+
+    bad = tmp_path / "bad"  # a malformed record never matches (and never crashes the comparison)
+    save_heads(heads, str(bad))
+    _edit_config(bad, target_fingerprint={"embed": "x", "lm_head": [None]})
+    with pytest.raises(ValueError, match="its embed weights differ .*its lm_head weights differ"):
+        load_heads(str(bad), target)
 
     old = tmp_path / "old"  # heads saved before the fields existed load onto any target of their sizes
     save_heads(MedusaHeads.for_target(target, num_heads=2), str(old))
