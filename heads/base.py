@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from heads.guard import short_list
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 ADAPTER_DIR = "adapter"  # a PEFT adapter of the target stored with the heads (Medusa-2's LoRA)
@@ -56,6 +58,11 @@ class HeadConfig:
     relative to the heads directory, e.g. ``"adapter"`` for Medusa-2's own LoRA); None = the plain
     target. ``target_adapter_sha256`` is its weight file's hash (`heads.graft.adapter_fingerprint`), so
     the same adapter is recognised under another path. Heads only fit the target they were trained on.
+
+    ``target_architecture`` / ``target_model_type`` / ``target_fingerprint`` identify that target (its
+    model class, model_type, and `heads.guard.target_fingerprint` of its embedding and lm_head; set by
+    `record_target`); loading onto another target is refused (`check_identity`). None: not recorded
+    (heads saved before these fields existed), and then not checked.
     """
 
     head_type: ClassVar[str] = ""
@@ -64,6 +71,9 @@ class HeadConfig:
     base_model_name_or_path: str | None = None
     target_adapter: str | None = None
     target_adapter_sha256: str | None = None
+    target_architecture: str | None = None
+    target_model_type: str | None = None
+    target_fingerprint: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size < 0 or self.vocab_size < 0:
@@ -83,7 +93,23 @@ class HeadConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names - {"head_type", "selfspec_version"}
         if unknown:
-            raise ValueError(f"unknown keys for {cls.head_type} head config: {sorted(unknown)}")
+            raise ValueError(f"unknown keys for {cls.head_type} head config: {short_list(sorted(unknown))}")
+        for f in dataclasses.fields(cls):  # a wrong type from a file is one line, not a TypeError later
+            if f.name not in d or f.default is dataclasses.MISSING or f.default is None:
+                continue
+            v, kind = d[f.name], type(f.default)
+            if kind is float:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            elif kind is bool:
+                ok = isinstance(v, bool)
+            elif kind in (int, str):
+                ok = isinstance(v, kind) and not isinstance(v, bool)
+            else:
+                continue
+            if not ok:
+                raise ValueError(
+                    f"{cls.head_type} head config: {f.name} must be {kind.__name__}, got {str(v)[:60]!r}"
+                )
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def check_target(self, target: nn.Module) -> None:
@@ -105,12 +131,46 @@ class HeadConfig:
         self.check_adapter(target)
 
     def record_adapter(self, target: nn.Module) -> None:
-        """Note the PEFT adapter ``target`` carries (see `heads.graft.adapter_info`) in this config."""
+        """Note the PEFT adapter ``target`` carries (see `heads.graft.adapter_info`) in this config.
+
+        A local adapter's path is kept for the record (and scrubbed from uploads: `heads.hub.scrub`), but
+        loading never follows it: only an adapter inside the heads directory or a Hub id is applied from
+        the config (`adapter_location`); for any other, pass ``adapter=``."""
         from heads.graft import adapter_info
 
         info = adapter_info(target) or {}
         self.target_adapter = info.get("name_or_path")
         self.target_adapter_sha256 = info.get("sha256")
+
+    def record_target(self, target: nn.Module) -> None:
+        """Note which target these heads are made for: its adapter (`record_adapter`), its model class and
+        model_type, and the fingerprint of its embedding and lm_head (`heads.guard.target_fingerprint`)."""
+        from heads.guard import target_architecture, target_fingerprint
+
+        self.record_adapter(target)
+        self.target_architecture, self.target_model_type = target_architecture(target)
+        self.target_fingerprint = target_fingerprint(target)
+
+    def check_identity(self, target: nn.Module, allow_other_target: bool = False) -> None:
+        """Raise ``ValueError`` if ``target`` is not the model these heads recorded (`record_target`): a
+        different architecture, or other embedding / lm_head weights, even with the same sizes. Outputs
+        would still be the target's own, but the heads would draft for another model: acceptance, and so
+        the speedup, would be lost. ``allow_other_target=True`` turns the error into a warning."""
+        from heads.guard import identity_problems
+
+        problems = identity_problems(self, target)
+        if not problems:
+            return
+        name = getattr(target.config, "_name_or_path", "") or type(target).__name__
+        text = (
+            f"{self.head_type} heads were trained on another target than {name!r} ({'; '.join(problems)}): "
+            "they fit its sizes, so outputs stay the target's own, but their drafts would rarely be accepted"
+        )
+        if not allow_other_target:
+            raise ValueError(text + "; pass allow_other_target=True to use them anyway")
+        import warnings
+
+        warnings.warn(text, stacklevel=3)
 
     def check_adapter(self, target: nn.Module) -> None:
         """Raise ``ValueError`` unless ``target`` carries the PEFT adapter these heads were trained with.
@@ -156,21 +216,35 @@ class HeadConfig:
 
 
 def adapter_location(directory: str | None, recorded: str) -> str:
-    """Where to load a heads config's ``target_adapter`` from: inside the heads ``directory`` if it is
-    there (a relative path, as Medusa-2 saves its LoRA in ``adapter/``), else the recorded id or path.
-    A bare name (no ``/``) that the directory does not hold is a ``FileNotFoundError``."""
-    inside = None if directory is None or os.path.isabs(recorded) else os.path.join(directory, recorded)
-    if inside is not None and os.path.isdir(inside):
-        return inside
-    if "/" not in recorded:
-        where = f"in {directory!r}" if directory is not None else "(heads given as a module: pass adapter=)"
-        raise FileNotFoundError(f"the heads' PEFT adapter {recorded!r} is not found {where}")
-    from heads.graft import looks_local
+    """Where to load a heads config's ``target_adapter`` from: inside the heads ``directory`` (a relative
+    path, as Medusa-2 saves its LoRA in ``adapter/``), or a Hub id (``org/name``).
 
-    if looks_local(recorded) and not os.path.isdir(os.path.expanduser(recorded)):
+    Nothing else: the config is data from a checkpoint, so an absolute path, a ``..`` escape or a symlink
+    out of the directory is a ``ValueError`` (`heads.guard.inside`), and a name that is neither inside
+    the directory nor a Hub id is a ``FileNotFoundError`` asking for ``adapter=``."""
+    from heads.guard import inside
+
+    if not isinstance(recorded, str) or not recorded:
+        raise ValueError(f"the heads' target_adapter must be a relative path or a Hub id, got {recorded!r}")
+    where = f"in {directory!r}" if directory is not None else "(heads given as a module: pass adapter=)"
+    if directory is not None:
+        try:
+            path = inside(directory, recorded, "target_adapter")
+        except ValueError as e:
+            raise ValueError(
+                f"{e}: it is not applied; pass adapter= (the adapter's directory or Hub id)"
+            ) from None
+        if os.path.isdir(path):
+            return path
+    if recorded.count("/") != 1 or recorded.startswith((".", "/", "~")):
         raise FileNotFoundError(
-            f"the heads were trained with the PEFT adapter {recorded!r}, which is not on this machine: "
-            "pass adapter= (that adapter's directory or Hub id)"
+            f"the heads' PEFT adapter {recorded!r} is not found {where}: pass adapter= (that adapter's "
+            "directory or Hub id)"
+        )
+    if os.path.exists(recorded):  # a Hub id that is also a path under the cwd: peft would read the path
+        raise ValueError(
+            f"the heads' PEFT adapter {recorded!r} is a Hub id but also a local path here; pass adapter= "
+            "explicitly"
         )
     return recorded
 
@@ -276,14 +350,20 @@ def resolve_dir(
 
 
 def read_config(directory: str) -> dict[str, Any]:
-    path = os.path.join(directory, CONFIG_NAME)
+    """The ``config.json`` of a heads directory as a dict (a file inside it: `heads.guard.inside`)."""
+    from heads.guard import inside
+
+    path = inside(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} is missing: not a selfspec heads checkpoint")
     try:
         with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON (corrupt checkpoint?): {e}") from e
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON (corrupt checkpoint?): {str(e)[:200]}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def load_heads(
@@ -293,15 +373,23 @@ def load_heads(
     revision: str | None = None,
     device=None,
     dtype=None,
+    allow_other_target: bool = False,
 ) -> nn.Module:
     """Load heads saved by `save_heads` from a local dir or Hub id; check them against ``target`` if given.
 
     A directory whose ``config.json`` has no selfspec ``head_type`` (an original Medusa / EAGLE / EAGLE-3
     checkpoint, or one exported for vLLM/SGLang) is imported by `heads.convert.import_heads`; EAGLE and
     EAGLE-3 imports need ``target``.
+
+    Nothing in the directory is trusted (`heads.guard`): sizes are bounded and checked against the
+    target's, the safetensors header must hold exactly the tensors the config implies before the module
+    is built, files must be inside the directory, and heads that recorded their target
+    (`HeadConfig.record_target`) refuse another one unless ``allow_other_target=True``.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from heads.guard import check_sizes, check_weights_header, inside
 
     directory = resolve_dir(path_or_id, revision)
     raw = read_config(directory)
@@ -315,30 +403,31 @@ def load_heads(
         return heads.to(device=device, dtype=dtype).eval()
     head_type = raw.get("head_type")
     if head_type not in REGISTRY:
-        raise ValueError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(REGISTRY)}")
+        raise ValueError(f"{directory}: unknown head_type {str(head_type)[:40]!r}; known: {sorted(REGISTRY)}")
     config_cls, module_cls = REGISTRY[head_type]
+    check_sizes(raw, os.path.join(directory, CONFIG_NAME))
     config = config_cls.from_dict(raw)
-    inside = config.target_adapter and os.path.join(directory, config.target_adapter)
-    if config.target_adapter_sha256 is None and inside and os.path.isdir(inside):
+    adapter_dir = _stored_adapter(directory, config.target_adapter)
+    if config.target_adapter_sha256 is None and adapter_dir is not None:
         from heads.graft import adapter_fingerprint
 
-        config.target_adapter_sha256 = adapter_fingerprint(inside)  # the adapter saved with the heads
+        config.target_adapter_sha256 = adapter_fingerprint(adapter_dir)  # the adapter saved with the heads
     if target is not None:
         config.check_target(target)
-    heads = module_cls(config)
-    wpath = os.path.join(directory, WEIGHTS_NAME)
+        config.check_identity(target, allow_other_target)
+    wpath = inside(directory, WEIGHTS_NAME)
     if not os.path.isfile(wpath):
         raise FileNotFoundError(f"{wpath} is missing: not a selfspec heads checkpoint")
+    check_weights_header(module_cls, config, wpath)  # before building anything of the config's size
+    tree = read_tree(directory, config)  # a bad tree.json fails here, not at the first generate
+    heads = module_cls(config)
     try:
         state = load_file(wpath)
     except (SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"{wpath} could not be read (corrupt or truncated checkpoint?): {e}") from e
-    missing, unexpected = heads.load_state_dict(state, strict=False)
-    if missing or unexpected:
         raise ValueError(
-            f"{wpath} does not match {head_type} heads with this config: missing {missing}, unexpected {unexpected}"
-        )
-    tree = read_tree(directory, config)
+            f"{wpath} could not be read (corrupt or truncated checkpoint?): {str(e)[:200]}"
+        ) from e
+    heads.load_state_dict(state)  # names and shapes were checked against the header
     if tree is not None:  # infer.SpecModel drafts with it unless the caller passes a tree / budget
         if head_type == "medusa":
             heads.tree = tree["paths"]
@@ -349,51 +438,49 @@ def load_heads(
     return heads.to(device=device, dtype=dtype).eval()
 
 
+def _stored_adapter(directory: str, recorded: str | None) -> str | None:
+    """The adapter directory saved inside the heads directory that ``target_adapter`` names, or None
+    (not recorded, a Hub id, or not there). A recorded path that leaves the directory is never used."""
+    from heads.guard import inside
+
+    if not recorded:
+        return None
+    try:
+        path = inside(directory, recorded, "target_adapter")
+    except ValueError:
+        return None  # `adapter_location` refuses it with the reason when the adapter is to be applied
+    return path if os.path.isdir(path) else None
+
+
 def read_tree(directory: str, config: HeadConfig) -> dict[str, Any] | None:
     """The validated ``tree.json`` next to the heads, or None if there is none.
 
     Static-tree heads (Medusa): ``{"paths": [[0], [0, 0], [1], ...]}``, a prefix-closed list of rank paths
-    no deeper than the number of heads. Dynamic-tree heads (EAGLE-1/2/3): ``{"total_tokens", "depth",
-    "draft_top_k"}``, EAGLE-2's budget. A ``"tuning"`` entry (the measurements behind the choice) is kept
-    for the record and ignored. Anything else raises ``ValueError`` naming the file.
+    no deeper than the number of heads, ranks below the vocabulary. Dynamic-tree heads (EAGLE-1/2/3):
+    ``{"total_tokens", "depth", "draft_top_k"}``, EAGLE-2's budget, each within
+    `heads.guard.TREE_LIMITS` (``draft_top_k`` at most the draft vocabulary). A ``"tuning"`` entry (the
+    measurements behind the choice) is kept for the record and ignored. Anything else raises
+    ``ValueError`` naming the file and the key.
     """
-    path = os.path.join(directory, TREE_NAME)
+    from heads.guard import check_paths, check_tree_budget, inside
+
+    path = inside(directory, TREE_NAME)
     if not os.path.isfile(path):
         return None
     try:
         with open(path) as f:
             tree = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {str(e)[:200]}") from e
     static = config.head_type == "medusa"
     keys = {"paths"} if static else {"total_tokens", "depth", "draft_top_k"}
     if not isinstance(tree, dict) or not keys <= set(tree) or set(tree) - keys - {"tuning"}:
-        found = sorted(tree) if isinstance(tree, dict) else type(tree).__name__
+        found = short_list(sorted(tree)) if isinstance(tree, dict) else type(tree).__name__
         raise ValueError(
             f"{path}: {config.head_type} heads need exactly the keys {sorted(keys)}, found {found}"
         )
     if static:
-        from infer.tree import validate_paths
-
-        paths = tree["paths"]
-        if not isinstance(paths, list) or not all(
-            isinstance(p, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in p)
-            for p in paths
-        ):
-            raise ValueError(f"{path}: 'paths' must be a list of lists of int ranks")
-        try:
-            validate_paths(paths)
-        except ValueError as e:
-            raise ValueError(f"{path}: invalid tree: {e}") from e
-        depth = max((len(p) for p in paths), default=0)
-        if depth > config.num_heads:
-            raise ValueError(
-                f"{path}: tree depth {depth} needs {depth} heads, these heads have {config.num_heads}"
-            )
-        return {"paths": paths}
-    minimum = {"total_tokens": 2, "depth": 1, "draft_top_k": 1}
-    for k, lo in minimum.items():
-        v = tree[k]
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{path}: {k!r} must be an int >= {lo}, got {v!r}")
-    return {k: tree[k] for k in minimum}
+        return {"paths": check_paths(tree["paths"], path, config.num_heads, config.vocab_size)}
+    budget = {k: tree[k] for k in ("total_tokens", "depth", "draft_top_k")}
+    check_tree_budget(budget, path, draft_vocab=getattr(config, "draft_vocab", None) or config.vocab_size)
+    return budget

@@ -515,8 +515,10 @@ def read_state_file(path: str) -> dict[str, Tensor]:
 
 
 def _weights_file(directory: str, names: tuple[str, ...] = _FOREIGN_WEIGHTS) -> str:
+    from heads.guard import inside  # a weights file that is a symlink out of the checkpoint is refused
+
     for name in names:
-        path = os.path.join(directory, name)
+        path = inside(directory, name)
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(f"{directory}: no weights file found (looked for {', '.join(names)})")

@@ -11,9 +11,11 @@ The checkpoint format is `heads.base.save_heads`' (it is not `PyTorchModelHubMix
 holds constructor kwargs): the head type, its hyper-parameters and the target's sizes, so one loader
 (`heads.base.load_heads`, used by ``infer.load``) reads every head type. Loading a Hub id goes through
 ``snapshot_download`` into the standard HF cache, so ``HF_HUB_OFFLINE=1`` works from that cache, and
-pushing goes through ``HfApi.create_repo`` + ``HfApi.create_commit`` with the exact list of files from
-`upload_files` (heads, card, eval results, run config, a PEFT ``adapter/``; never optimizer state or
-training checkpoints).
+pushing goes through ``HfApi.create_repo`` + ``HfApi.create_commit`` with an explicit allow-list of the
+files selfspec writes (`upload_files`: heads, config, card, eval results, run config, ``tree.json``, a
+PEFT ``adapter/``); nothing else in the directory is ever uploaded, the list is printed first, a new
+repo is private unless ``private=False``, and no absolute local path goes into an uploaded file
+(`upload_payloads`).
 
 `push_heads_dir` uploads a directory written by training (``train/train_heads.py`` calls it when
 ``push_to_hub: true``); from the shell: ``python heads/hub.py push out/demo-medusa your-name/demo-medusa``.
@@ -21,7 +23,6 @@ training checkpoints).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import sys
@@ -43,6 +44,7 @@ from heads.base import (
     LIBRARY_NAME,
     LOGIN_HINT,
     REGISTRY,
+    TREE_NAME,
     WEIGHTS_NAME,
     _atomic_write,
     load_heads,
@@ -50,27 +52,16 @@ from heads.base import (
     resolve_dir,
     save_heads,
 )
+from heads.guard import public_name, scrub
 
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
 TRAIN_CONFIG_NAME = "train_config.yaml"
-# Never uploaded: training state (accelerate checkpoints, optimizer/scheduler/RNG state, best-so-far copy,
-# staging and temporary files) and pickles; a heads checkpoint is safetensors + text only.
-IGNORE_PATTERNS = [
-    "checkpoints/*",
-    "best/*",
-    ".*",
-    "*/.*",
-    "*.pt",
-    "*.pth",
-    "*.bin",
-    "*.pkl",
-    "*.ckpt",
-    "optimizer*",
-    "scheduler*",
-    "random_states*",
-    "metrics.jsonl",
-]
+# The only files a push uploads: what `save_heads`, `HubMixin.save_pretrained`, training
+# (`train.train_heads.save_heads_copy` / `save_final` / `save_adapter`) and `scripts/tune_tree.py` write into
+# a heads directory. Anything else there (training checkpoints, data, keys, the user's own files) stays.
+UPLOAD_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME, TRAIN_CONFIG_NAME, TREE_NAME)
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # PEFT's own files, no README
 
 
 class MissingTokenError(ValueError):
@@ -152,9 +143,11 @@ class HubMixin:
         cache_dir: str | None = None,
         token: str | None = None,
         local_files_only: bool | None = None,
+        allow_other_target: bool = False,
     ):
         """Heads from a local directory or a Hub id (``revision``: branch, tag or commit), checked to be of
-        this class's head type and, given ``target``, to fit it (vocab and hidden size, architecture)."""
+        this class's head type and, given ``target``, to fit it (vocab and hidden size, architecture, and
+        the recorded target fingerprint unless ``allow_other_target``: `heads.base.load_heads`)."""
         directory = resolve_dir(
             path_or_id, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only
         )
@@ -170,7 +163,9 @@ class HubMixin:
                 f"{path_or_id!r} holds {found!r} heads, not {want!r}: load it with {right}.from_pretrained "
                 f"or heads.load_heads (which reads any head type)"
             )
-        heads = load_heads(directory, target, device=device, dtype=dtype)
+        heads = load_heads(
+            directory, target, device=device, dtype=dtype, allow_other_target=allow_other_target
+        )
         if target is not None:
             _warn_other_base(raw.get("base_model_name_or_path"), target, path_or_id)
         return heads
@@ -221,21 +216,57 @@ def _warn_other_base(recorded: str | None, target: nn.Module, path_or_id: str) -
 
 
 def upload_files(directory: str) -> list[str]:
-    """The files of ``directory`` a push uploads (paths relative to it, sorted): everything but
-    `IGNORE_PATTERNS`. Raises ``FileNotFoundError`` unless it is a heads checkpoint."""
+    """The files of ``directory`` a push uploads (paths relative to it, sorted): those of `UPLOAD_FILES`
+    and ``adapter/`` + `ADAPTER_FILES` that exist, and nothing else. Each must be a regular file inside
+    the directory (a symlink out of it is refused: `heads.guard.inside`). Raises ``FileNotFoundError``
+    unless it is a heads checkpoint."""
+    from heads.guard import inside
+
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not os.path.isfile(os.path.join(directory, name)):
             raise FileNotFoundError(
                 f"{os.path.join(directory, name)} is missing: {directory!r} is not a selfspec heads checkpoint"
             )
-    files = []
-    for root, dirs, names in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            rel = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
-            if not any(fnmatch.fnmatch(rel, p) for p in IGNORE_PATTERNS):
-                files.append(rel)
-    return sorted(files)
+    names = list(UPLOAD_FILES) + [f"{ADAPTER_DIR}/{n}" for n in ADAPTER_FILES]
+    return sorted(n for n in names if os.path.isfile(inside(directory, n, "uploaded file")))
+
+
+def upload_payloads(directory: str) -> list[tuple[str, str | bytes]]:
+    """(path in the repo, what to upload) for each of `upload_files`: weights as the local file, JSON
+    and YAML rewritten through `scrub` (no absolute local path leaves the machine; the local files are
+    untouched). ``README.md`` is uploaded as written, and refused (``ValueError``) if it names one of
+    those local paths or the directory's own absolute path: selfspec's cards never do (`model_card_text`)."""
+    import yaml
+
+    found: set[str] = set()
+    out: list[tuple[str, str | bytes]] = []
+    files = upload_files(directory)
+    for rel in files:
+        path = os.path.join(directory, rel)
+        if rel.endswith(".json"):
+            with open(path, "rb") as f:
+                try:
+                    data = json.loads(f.read())
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise ValueError(f"{path} is not valid JSON, not uploaded: {str(e)[:120]}") from e
+            out.append((rel, (json.dumps(scrub(data, found), indent=2, sort_keys=True) + "\n").encode()))
+        elif rel.endswith(".yaml"):
+            with open(path) as f:
+                data = yaml.safe_load(f)
+            out.append((rel, yaml.safe_dump(scrub(data, found), sort_keys=False).encode()))
+        else:
+            out.append((rel, path))
+    if CARD_NAME in files:
+        with open(os.path.join(directory, CARD_NAME), encoding="utf-8", errors="replace") as f:
+            card = f.read()
+        here = {os.path.abspath(directory), os.path.realpath(directory)}
+        leaks = sorted(p for p in found | here if len(p) > 1 and p in card)
+        if leaks:
+            raise ValueError(
+                f"{os.path.join(directory, CARD_NAME)} names the local path {leaks[0]!r}; remove it (or delete "
+                "README.md: a push then writes a card without local paths), then push again"
+            )
+    return out
 
 
 def push_heads_dir(
@@ -251,10 +282,12 @@ def push_heads_dir(
 ):
     """Upload a saved heads directory to the Hub repo ``repo_id`` in one commit; returns the ``CommitInfo``.
 
-    Creates the repo if needed (``private``: None = the Hub's default; an existing repo keeps its
-    visibility). Uploads `upload_files` (heads, README.md, eval results, run config, ``adapter/``), never
-    training checkpoints or optimizer state. ``write_card``: first write a model card into ``directory``
-    if it has none. ``revision``: a branch to commit to (created from main if missing).
+    Creates the repo if needed, **private** unless ``private=False`` (None means private too; an existing
+    repo keeps its visibility). Uploads exactly `upload_files` (an allow-list: heads, config, README.md,
+    eval results, run config, tree.json, ``adapter/``), printing the list first; everything else in the
+    directory is left out. JSON/YAML files are uploaded without absolute local paths (`upload_payloads`).
+    ``write_card``: first write a model card into ``directory`` if it has none. ``revision``: a branch to
+    commit to (created from main if missing).
     """
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.utils import validate_repo_id
@@ -264,16 +297,22 @@ def push_heads_dir(
     upload_files(directory)  # a heads checkpoint? (before writing anything into it)
     if write_card and not os.path.isfile(os.path.join(directory, CARD_NAME)):
         write_model_card(directory, repo_id=repo_id)
-    files = upload_files(directory)
+    payloads = upload_payloads(directory)
+    private = private is not False
     config = read_config(directory)
+    files = [rel for rel, _ in payloads]
+    left = _left_out(directory, set(files))
+    print(
+        f"uploading to {repo_id} ({'private' if private else 'public'} if created): {', '.join(files)}"
+        + (f"; not uploaded: {len(left)} other file(s) in {directory}" if left else ""),
+        flush=True,
+    )
     api = HfApi(token=token, library_name=LIBRARY_NAME)
     repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     repo_id = getattr(repo, "repo_id", None) or repo_id  # a bare name gets the user's namespace
     if revision is not None and not create_pr:
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    operations = [
-        CommitOperationAdd(path_in_repo=f, path_or_fileobj=os.path.join(directory, f)) for f in files
-    ]
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=data) for rel, data in payloads]
     message = commit_message or f"Upload {config.get('head_type', '')} heads with {LIBRARY_NAME}"
     return api.create_commit(
         repo_id,
@@ -283,6 +322,17 @@ def push_heads_dir(
         create_pr=create_pr,
         repo_type="model",
     )
+
+
+def _left_out(directory: str, uploaded: set[str]) -> list[str]:
+    """Files under ``directory`` that a push does not upload (relative paths)."""
+    out = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if rel not in uploaded:
+                out.append(rel)
+    return sorted(out)
 
 
 # ---------------------------------------------------------------------------------------------- model card
@@ -341,18 +391,24 @@ def model_card_text(
 
     config: the heads' ``config.json`` dict; eval_results: ``eval_results.json`` (training's held-out eval);
     train_config: the run config (``train_config.yaml``); repo_id: the Hub id or directory users load.
+    No absolute local path is written: each becomes its last component (`public_name`), since the card
+    is meant to be uploaded.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
+    raw_data = ((train_config or {}).get("data") or {}).get("path")
+    hub_base = _is_hub_id(config.get("base_model_name_or_path"))  # decided on the real value, not its name
+    hub_data = _is_hub_id(raw_data) and not os.path.exists(str(raw_data))
+    config, train_config, repo_id = scrub(config), scrub(train_config), public_name(repo_id)
     head_type = str(config.get("head_type", ""))
     base = config.get("base_model_name_or_path")
     adapter = config.get("target_adapter")  # set for heads trained on a PEFT-adapted target
     data = (train_config or {}).get("data") or {}
     data_path = data.get("path")
-    datasets = [data_path] if _is_hub_id(data_path) and not os.path.exists(str(data_path)) else None
+    datasets = [data_path] if hub_data else None
     card_data = ModelCardData(
         # Only a Hub id is valid metadata (the Hub rejects local paths); a local base is named in the text.
-        base_model=base if _is_hub_id(base) else None,
+        base_model=base if hub_base else None,
         library_name=LIBRARY_NAME,
         tags=["speculative-decoding", "draft-heads", *_TAGS.get(head_type, [head_type])],
         datasets=datasets,
@@ -399,10 +455,10 @@ def model_card_text(
         "```",
         "",
     ]
-    if base and not _is_hub_id(base):
+    if base and not hub_base:
         lines += [
-            f"`{base}` is the local path of the target at training time; replace it with where that model "
-            "is on your machine (or its Hub id).",
+            f"`{base}` names the local target model the heads were trained on; replace it with where that "
+            "model is on your machine (or its Hub id).",
             "",
         ]
     skip = {"head_type", "target_config", "selfspec_version"}
@@ -490,10 +546,20 @@ def main(argv: list[str] | None = None) -> None:
         prog="python heads/hub.py", description="Push a saved heads directory to the Hub."
     )
     sub = p.add_subparsers(dest="cmd", required=True)
-    push = sub.add_parser("push", help="upload DIR (heads, model card, eval results) to REPO_ID")
+    push = sub.add_parser(
+        "push", help="upload DIR's heads files (an allow-list, printed first) to REPO_ID, private by default"
+    )
     push.add_argument("directory")
     push.add_argument("repo_id")
-    push.add_argument("--private", action="store_true", default=None, help="create the repo private")
+    vis = push.add_mutually_exclusive_group()
+    vis.add_argument(
+        "--private",
+        dest="private",
+        action="store_true",
+        default=True,
+        help="create the repo private (default)",
+    )
+    vis.add_argument("--public", dest="private", action="store_false", help="create the repo public")
     push.add_argument("--revision", help="branch to push to (default: main)")
     push.add_argument("--commit-message")
     args = p.parse_args(argv)

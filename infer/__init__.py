@@ -33,15 +33,40 @@ __all__ = [
 
 @dataclass
 class SpecModel:
-    """A frozen target plus draft heads that fit it. ``tree`` overrides the heads' default static tree."""
+    """A frozen target plus draft heads that fit it. ``tree`` overrides the heads' default static tree.
+
+    The heads are checked against the target: sizes (`heads.base.HeadConfig.check_target`) and, for heads
+    that recorded their target, its architecture and weights fingerprint (``check_identity``; a mismatch
+    is an error unless ``allow_other_target``, then a warning)."""
 
     target: nn.Module
     heads: nn.Module
     tree: list[list[int]] | None = None
     tokenizer: object | None = None
+    allow_other_target: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.target, nn.Module) or not callable(
+            getattr(self.target, "get_output_embeddings", None)
+        ):
+            raise ValueError(f"target must be a transformers causal LM, got {type(self.target).__name__}")
+        if not isinstance(self.heads, nn.Module) or not hasattr(self.heads, "config"):
+            raise ValueError(f"heads must be selfspec draft heads, got {type(self.heads).__name__}")
         self.heads.config.check_target(self.target)
+        self.heads.config.check_identity(self.target, self.allow_other_target)
+        if self.tree is not None:
+            self.tree = self._checked_tree(self.tree)
+
+    def _checked_tree(self, tree) -> list[list[int]]:
+        """A static tree given by the caller, bounded like a ``tree.json`` (`heads.guard.check_paths`)."""
+        from heads.guard import check_paths
+
+        kind = self.heads.config.head_type
+        if kind != "medusa":
+            raise ValueError(
+                f"tree= is for static-tree (medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
+            )
+        return check_paths(tree, "tree", self.heads.config.num_heads, self.heads.config.vocab_size)
 
     def proposer(
         self,
@@ -55,6 +80,8 @@ class SpecModel:
         ``total_tokens`` shape EAGLE-2 dynamic trees of EAGLE-1/2/3 heads. Unset arguments come from the
         heads' tuned ``tree.json`` (``heads.tree`` / ``heads.dynamic_tree``, `heads.base.read_tree`) if
         it exists, else the defaults (Medusa: `default_tree`; EAGLE: 6 / 8 / 48)."""
+        from heads.guard import check_tree_budget
+
         kind = self.heads.config.head_type
         dynamic = {"depth": depth, "draft_top_k": draft_top_k, "total_tokens": total_tokens}
         dynamic = {k: v for k, v in dynamic.items() if v is not None}
@@ -63,12 +90,15 @@ class SpecModel:
                 raise ValueError(
                     "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"
                 )
+            check_tree_budget(dynamic, "generate")  # a draft_top_k beyond the draft vocab is clamped to it
             embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
             tuned = getattr(self.heads, "dynamic_tree", None) or {}
             return EagleProposer(self.heads, embed, lm_head, **(tuned | dynamic))
         if dynamic:
             raise ValueError(f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {kind!r}")
         if kind == "medusa":
+            if tree is not None:
+                tree = self._checked_tree(tree)
             paths = (
                 tree
                 or self.tree
@@ -92,6 +122,7 @@ def load(
     adapter: str | None = None,
     adapter_revision: str | None = None,
     merge: bool = False,
+    allow_other_target: bool = False,
 ) -> SpecModel:
     """Load a frozen target (Hub id, local dir or model) and heads (Hub id, local dir or module).
 
@@ -100,10 +131,26 @@ def load(
     that adapter in the same call (one saved inside the heads directory, as Medusa-2 saves its LoRA, or
     the recorded id/path), unless ``adapter`` names one; ``merge=True`` merges it into the weights.
     Heads and target with different adapters (or one with and one without) are a ``ValueError``.
+    The adapter is only ever taken from inside the heads directory or from a Hub id (never a path the
+    heads' config points to elsewhere: `heads.base.adapter_location`).
+
+    Heads that recorded their target (architecture, embedding / lm_head fingerprint) refuse another one
+    of the same sizes; ``allow_other_target=True`` loads them with a warning instead.
     """
     from heads import load_heads, load_target
     from heads.base import adapter_location, read_config, resolve_dir
 
+    for name, value, kinds in (("target", target, "a Hub id, a directory or a model"),
+                               ("heads", heads, "a Hub id, a directory or heads")):  # fmt: skip
+        if not isinstance(value, (str, nn.Module)) or isinstance(value, str) and not value:
+            raise ValueError(f"{name} must be {kinds}, got {repr(value)[:60]}")
+    if not isinstance(merge, bool) or not isinstance(allow_other_target, bool):
+        raise ValueError("merge= and allow_other_target= must be True or False")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from e
     if isinstance(heads, str):
         heads_dir = resolve_dir(heads, heads_revision)
         recorded = read_config(heads_dir).get("target_adapter")
@@ -131,10 +178,10 @@ def load(
             )
         tokenizer = None
     if isinstance(heads, str):
-        heads = load_heads(heads_dir, target)
+        heads = load_heads(heads_dir, target, allow_other_target=allow_other_target)
     p = next(target.parameters())
     heads = heads.to(device=p.device, dtype=p.dtype).eval()
-    return SpecModel(target, heads, tree=tree, tokenizer=tokenizer)
+    return SpecModel(target, heads, tree=tree, tokenizer=tokenizer, allow_other_target=allow_other_target)
 
 
 def _maybe_tokenizer(name_or_path: str, revision: str | None):

@@ -111,6 +111,10 @@ def _resolve(target, generation_config, overrides: dict):
     target's ``generation_config`` > transformers' global defaults (e.g. ``top_k=50`` when sampling)."""
     from transformers import GenerationConfig
 
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(
+            f"generation_config must be a transformers GenerationConfig or None, got {type(generation_config).__name__}"
+        )
     base = target.generation_config
     gc = copy.deepcopy(generation_config if generation_config is not None else base or GenerationConfig())
     if generation_config is not None and base is not None:
@@ -150,12 +154,114 @@ def context_length(config) -> int | None:
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 
-def _eos_ids(eos) -> set[int]:
+def _show(v, n: int = 60) -> str:
+    """``repr(v)``, cut short: a bad argument may be huge."""
+    text = repr(v)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _eos_ids(eos, vocab: int) -> set[int]:
+    """The EOS ids as a set; each must be an int token id in [0, vocab - 1] (a string such as "</s>" is
+    a token, not an id: ``tokenizer.convert_tokens_to_ids`` gives the id)."""
     if eos is None:
         return set()
     if isinstance(eos, Tensor):
         eos = eos.tolist()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+    ids = [eos] if not isinstance(eos, (list, tuple, set)) else list(eos)
+    bad = [e for e in ids if not _is_int(e) or not 0 <= e < vocab]
+    if bad:
+        raise ValueError(
+            f"eos_token_id must be a token id (or a list of them) in [0, {vocab - 1}], got {_show(bad[0])}"
+            + (
+                " (a token string: pass tokenizer.convert_tokens_to_ids(...))"
+                if isinstance(bad[0], str)
+                else ""
+            )
+        )
+    return set(ids)
+
+
+def _check_prompt(input_ids, attention_mask_2d, vocab: int) -> Tensor:
+    """input_ids as [1, T] after checking type, dtype, shape and that every id is in [0, vocab - 1]."""
+    if not isinstance(input_ids, Tensor):
+        raise ValueError(
+            f"input_ids must be a torch.Tensor of token ids [1, seq_len], got {type(input_ids).__name__}"
+        )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise NotImplementedError(
+            f"selfspec.generate supports batch size 1 only (got {input_ids.shape[0]}): per-row tree acceptance "
+            "and ragged KV compaction are not implemented; loop over prompts instead"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("empty prompt: input_ids needs at least one token")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(
+            f"input_ids holds token id {lo if lo < 0 else hi}, outside the target's vocabulary [0, {vocab - 1}]"
+        )
+    if attention_mask_2d is not None:
+        if not isinstance(attention_mask_2d, Tensor) or tuple(attention_mask_2d.shape) != tuple(
+            input_ids.shape
+        ):
+            shape = tuple(getattr(attention_mask_2d, "shape", ()))
+            raise ValueError(
+                f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}"
+            )
+        if not bool(attention_mask_2d.all()):
+            raise NotImplementedError("padded prompts are not supported (batch size 1 needs no padding)")
+    return input_ids.long()
+
+
+def _check_options(gc, acceptance: str, typical_eps, typical_delta, generator, streamer, timing) -> None:
+    """One-line ``ValueError`` naming the argument and its allowed range, for every sampling option of the
+    resolved config ``gc`` and the loop's own arguments."""
+    import math
+
+    if acceptance not in ("exact", "typical"):
+        raise ValueError(
+            f"acceptance must be 'exact' (lossless) or 'typical' (Medusa, faster, lossy), got {acceptance!r}"
+        )
+    if gc.max_new_tokens is not None and (not _is_int(gc.max_new_tokens) or gc.max_new_tokens < 0):
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {_show(gc.max_new_tokens)}")
+    if gc.max_length is not None and (not _is_int(gc.max_length) or gc.max_length < 0):
+        raise ValueError(f"max_length must be an int >= 0, got {_show(gc.max_length)}")
+    if not isinstance(gc.do_sample, bool):
+        raise ValueError(f"do_sample must be True or False, got {_show(gc.do_sample)}")
+
+    def number(name: str, v, ok, allowed: str) -> None:
+        if v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            raise ValueError(f"{name} must be {allowed}, got {_show(v)}")
+
+    if gc.do_sample:  # as transformers: the sampling warpers' settings only matter when sampling
+        number("temperature", gc.temperature, lambda v: v > 0, "a number > 0 when sampling")
+        number("top_p", gc.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]")
+        if gc.top_k is not None and (not _is_int(gc.top_k) or gc.top_k < 0):
+            raise ValueError(f"top_k must be an int >= 0 (0: no top-k), got {_show(gc.top_k)}")
+    if acceptance == "typical":
+        number("typical_eps", typical_eps, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+        number("typical_delta", typical_delta, lambda v: v >= 0, "a number >= 0")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if streamer is not None and not (
+        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+    ):
+        raise ValueError(
+            f"streamer must have put() and end() methods (like TextStreamer), got {type(streamer).__name__}"
+        )
+    if not isinstance(timing, bool):
+        raise ValueError(f"timing must be True or False, got {_show(timing)}")
 
 
 @torch.inference_mode()
@@ -181,24 +287,8 @@ def speculative_generate(
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments."""
     t_start = time.perf_counter()
-    if acceptance not in ("exact", "typical"):
-        raise ValueError(
-            f"acceptance must be 'exact' (lossless) or 'typical' (Medusa, faster, lossy), got {acceptance!r}"
-        )
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"selfspec.generate supports batch size 1 only (got {input_ids.shape[0]}): per-row tree acceptance "
-            "and ragged KV compaction are not implemented; loop over prompts instead"
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("empty prompt: input_ids needs at least one token")
-    if attention_mask_2d is not None and not bool(attention_mask_2d.all()):
-        raise NotImplementedError("padded prompts are not supported (batch size 1 needs no padding)")
-
+    vocab = int(target.get_input_embeddings().weight.shape[0])
+    input_ids = _check_prompt(input_ids, attention_mask_2d, vocab)
     gc = _resolve(
         target,
         generation_config,
@@ -211,6 +301,7 @@ def speculative_generate(
             "eos_token_id": eos_token_id,
         },
     )
+    _check_options(gc, acceptance, typical_eps, typical_delta, generator, streamer, timing)
     T = input_ids.shape[1]
     limit = gc.max_new_tokens if gc.max_new_tokens is not None else max((gc.max_length or 20) - T, 0)
     ctx = context_length(target.config)
@@ -220,8 +311,12 @@ def speculative_generate(
         )
     device = next(target.parameters()).device
     input_ids = input_ids.to(device)
-    eos = _eos_ids(gc.eos_token_id)
+    eos = _eos_ids(gc.eos_token_id, int(target.get_output_embeddings().weight.shape[0]))
     sampling = bool(gc.do_sample)
+    if generator is not None and sampling and generator.device.type != device.type:
+        raise ValueError(
+            f"generator is on {generator.device}, the target on {device}: create it on {device.type}"
+        )
     warp = _warpers(gc) if sampling else None
     text_cfg = target.config.get_text_config()
     stats = GenerationStats()

@@ -129,8 +129,8 @@ class FakeHfApi:
 
         def create_commit(api, repo_id, operations, **kw):
             files = {}
-            for op in operations:
-                with open(op.path_or_fileobj, "rb") as f:
+            for op in operations:  # a local file, or bytes (configs rewritten without local paths)
+                with op.as_file() as f:
                     files[op.path_in_repo] = f.read()
             self.uploaded.update(files)
             self.calls.append(("create_commit", {"repo_id": repo_id, "files": sorted(files), **kw}))
@@ -362,7 +362,8 @@ def test_model_card_metadata_and_content(target, tmp_path):
     # a local base model is not valid Hub metadata: named in the text only
     heads.config.base_model_name_or_path = "/models/my-llama"
     card = ModelCard(H.model_card_text(heads.config.to_dict(), repo_id="org/heads"))
-    assert "base_model" not in card.data.to_dict() and "/models/my-llama" in card.text
+    assert "base_model" not in card.data.to_dict() and "`my-llama`" in card.text
+    assert "/models" not in card.text  # a local absolute path never goes into a card (it is uploaded)
 
     # heads trained on a PEFT-adapted target: the card says the adapter is required, and why
     cfg = heads.config.to_dict() | {"target_adapter": "org/my-lora"}

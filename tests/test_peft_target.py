@@ -170,17 +170,19 @@ def test_infer_load_brings_the_recorded_adapter(store, tmp_path):
         saved = json.load(f)
     assert saved["target_adapter"] == adapter("llama") and saved["target_adapter_sha256"]
 
+    # The recorded path is outside the heads directory: a checkpoint's config never sends the loader
+    # there (issue 12 #6); adapter= names the adapter, and its weights are checked against the record.
+    with pytest.raises(ValueError, match=r"target_adapter .* is an absolute path.*pass adapter="):
+        infer.load(base("llama"), str(tmp_path / "heads"))
     for merge in (False, True):
-        model = infer.load(base("llama"), str(tmp_path / "heads"), merge=merge)
+        model = infer.load(base("llama"), str(tmp_path / "heads"), merge=merge, adapter=adapter("llama"))
         assert adapter_info(model.target)["merged"] == merge
         out = infer.generate(model, PROMPTS[1], max_new_tokens=NEW)
         assert out.sequences.tolist() == greedy(model.target, 1).tolist()
         assert out.sequences.tolist() == greedy(target, 1).tolist()
-    # The recorded path is gone (heads copied to another machine): say so, and how to fix it.
+    # The adapter moved (heads copied to another machine): adapter= gives its new place.
     moved = shutil.move(adapter("llama"), tmp_path / "lora-elsewhere")
     try:
-        with pytest.raises(FileNotFoundError, match="trained with the PEFT adapter .* not on this machine"):
-            infer.load(base("llama"), str(tmp_path / "heads"))
         model = infer.load(base("llama"), str(tmp_path / "heads"), adapter=str(moved))  # same weights: fine
         assert infer.generate(model, PROMPTS[0], max_new_tokens=NEW).sequences.tolist() == (
             greedy(target, 0).tolist()
@@ -358,7 +360,9 @@ def test_train_heads_on_adapted_target_records_the_adapter(request, tmp_path):
     with open(os.path.join(out, "config.json")) as f:
         saved = json.load(f)
     assert saved["target_adapter"] == str(tmp_path / "lora") and len(saved["target_adapter_sha256"]) == 64
-    model = infer.load(target_dir, out)
+    model = infer.load(
+        target_dir, out, adapter=str(tmp_path / "lora")
+    )  # a local adapter: named by the caller
     assert adapter_info(model.target)["sha256"] == saved["target_adapter_sha256"]
     with pytest.raises(ValueError, match="but the target has no adapter"):
         load_heads(out, load_target(target_dir))

@@ -207,7 +207,7 @@ def test_tree_json_round_trip_eagle(tmp_path, one_thread):
         (json.dumps({"paths": [[0]], "extra": 1}), "need exactly the keys"),
         (json.dumps({"paths": [[0], [1, 1]]}), r"invalid tree: .*no parent \[1\]"),
         (json.dumps({"paths": [[0], [0]]}), "invalid tree: .*duplicate"),
-        (json.dumps({"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}), "needs 4 heads"),
+        (json.dumps({"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}), "needs 4 Medusa heads"),
         (json.dumps({"paths": [[0.5]]}), "lists of int ranks"),
         (json.dumps([[0]]), "need exactly the keys"),
     ],
@@ -226,8 +226,14 @@ def test_malformed_tree_json_medusa(tmp_path, content, message):
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"total_tokens": 1, "depth": 3, "draft_top_k": 2}, "'total_tokens' must be an int >= 2"),
-        ({"total_tokens": 8, "depth": "3", "draft_top_k": 2}, "'depth' must be an int >= 1"),
+        (
+            {"total_tokens": 1, "depth": 3, "draft_top_k": 2},
+            r"'total_tokens' must be an int in \[2, 4096\], got 1",
+        ),
+        (
+            {"total_tokens": 8, "depth": "3", "draft_top_k": 2},
+            r"'depth' must be an int in \[1, 64\], got '3'",
+        ),
         ({"total_tokens": 8, "depth": 3}, "need exactly the keys"),
         ({"paths": [[0]]}, "need exactly the keys"),
     ],

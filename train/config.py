@@ -112,6 +112,7 @@ class HeadsConfig:
                 raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
         reserved = {"hidden_size", "vocab_size", "base_model_name_or_path", "target_config"}
         reserved |= {"target_adapter", "target_adapter_sha256"}  # set from the target (target.adapter)
+        reserved |= {"target_architecture", "target_model_type", "target_fingerprint"}  # set from the target
         bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
         if bad:
             valid = sorted(names - reserved - set(kwargs))
@@ -273,7 +274,7 @@ class RunConfig:
     # key: `hf auth login` or HF_TOKEN, checked when the run starts.
     push_to_hub: bool = False
     hub_model_id: str | None = None  # "your-name/heads-name" (required with push_to_hub)
-    hub_private: bool | None = None  # create the repo private / public; None = the Hub's default
+    hub_private: bool | None = None  # a new repo is private unless false (None: private too)
     hub_strategy: str = "end"  # "end": push the final heads | "every_save": also the heads at each checkpoint
 
     def __post_init__(self) -> None:

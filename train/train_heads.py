@@ -248,7 +248,7 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
             )
         module_cls = REGISTRY[cfg.heads.type][1]
         heads = module_cls.for_target(target, **cfg.heads.head_kwargs()).float()
-        heads.config.record_adapter(target)  # heads trained on base + adapter only fit base + adapter
+        heads.config.record_target(target)  # its adapter, architecture and fingerprint: heads fit only it
     if cfg.heads.type == "eagle3" and heads.config.draft_vocab_size is not None:
         # Every process counts the same dataset (cheap and deterministic), so all get the same map.
         install_vocab_map(heads, token_ds, accelerator.print)
