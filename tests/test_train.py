@@ -207,7 +207,8 @@ def test_single_process_run_learns_and_saves_reloadable_heads(tiny_target, tiny_
     assert len(train_losses) == 6 and train_losses[-1] < 0.8 * train_losses[0], train_losses
     assert ev is not None and len(ev["top1"]) == 3 and ev["count"][0] > 0
     assert sorted(os.listdir(out)) == [
-        "README.md", "config.json", "eval_results.json", "metrics.jsonl", "model.safetensors", "train_config.yaml",
+        ".selfspec_run.json", "README.md", "config.json", "eval_results.json", "metrics.jsonl",
+        "model.safetensors", "train_config.yaml",
     ]  # fmt: skip
     with open(os.path.join(out, "eval_results.json")) as f:
         assert json.load(f)["step"] == 30
