@@ -13,12 +13,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import test_train
 import torch
 from conftest import reset_accelerate
-from test_train import _kill_after_checkpoint, _metrics, _overrides
+from test_train import REPO, _kill_after_checkpoint, _metrics, _overrides
 
 tiny_target, tiny_data = test_train.tiny_target, test_train.tiny_data
 _fresh_accelerate_state = test_train._fresh_accelerate_state
@@ -360,3 +361,107 @@ def test_read_only_output_dir_is_checked_before_the_data(tiny_target, tiny_data,
             subprocess.run(["umount", "-l", ro], check=False)
         else:
             os.chmod(ro, 0o755)
+
+
+def test_a_run_that_stopped_before_any_checkpoint_leaves_the_dir_free(tiny_target, tiny_data, tmp_path):
+    """A run refused for its data (after it claimed output_dir) does not lock the dir: the corrected run,
+    a different config, starts there without overwrite=true."""
+    from train import train_heads
+
+    out = str(tmp_path / "run")
+    _refusal(_overrides(tiny_target, str(tmp_path / "missing.jsonl"), out))
+    assert os.path.isfile(os.path.join(out, ".selfspec_run.json"))
+    train_heads.main(_overrides(tiny_target, tiny_data, out, **{"train.max_steps": 2}))
+    assert os.path.isfile(os.path.join(out, "model.safetensors"))
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def _env(**extra: str) -> dict[str, str]:
+    cache = os.environ.get("SELFSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "selfspec")
+    return dict(os.environ, PYTHONPATH=REPO, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
+                TORCH_EXTENSIONS_DIR=os.path.join(cache, "torch_extensions"), **extra)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_launcher_errors_are_one_line(tiny_target, tiny_data, tmp_path):
+    """Issue 12 #10, with the real launchers. `accelerate launch --quiet` (single process): the training
+    script's line only. `python -m train.launch` (accelerate's launcher, in-process): a config typo is one
+    line before any process starts, and an input error found by the 2 DeepSpeed processes is one line
+    (no CalledProcessError / ChildFailedError traceback, no torch elastic report), exit status 1."""
+    key_typo = ["--config", "configs/demo-medusa-tiny.yaml", "train.max_stepz=3"]
+    quiet = ["--quiet", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+             "--dynamo_backend", "no"]  # fmt: skip
+    ds2 = ["--config_file", "configs/accelerate/deepspeed_zero2.yaml", "--num_processes", "2",
+           "--main_process_port", "29547"]  # fmt: skip
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
+    wrapper = [sys.executable, "-m", "train.launch"]
+    missing = str(tmp_path / "missing.jsonl")
+    cases = [
+        (accelerate + quiet + ["train/train_heads.py", *key_typo], "unknown config key 'train.max_stepz'"),
+        (wrapper + ds2 + ["train/train_heads.py", *key_typo], "unknown config key 'train.max_stepz'"),
+        (
+            wrapper + ds2 + ["train/train_heads.py", *_overrides(tiny_target, missing, str(tmp_path / "o"))],
+            f"error: {missing}: no such file or directory",
+        ),
+    ]
+    for cmd, message in cases:
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1 and message in lines[0], (cmd, proc.stderr[-3000:])
+
+
+def _heads_digest(out: str) -> str:
+    with open(os.path.join(out, "model.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_resume_is_bit_identical(tiny_target, tiny_data, tmp_path):
+    """Fault test: `kill -9` a real training process during a checkpoint write (the moment a .tmp-step-N
+    directory appears) and at a random step, resume each time with --resume, and end with the same bytes
+    of heads and the same eval as an uninterrupted run, every step logged once."""
+    import random
+    import time
+
+    extra = {"train.max_steps": 40, "train.save_every": 5, "train.eval_every": 10, "train.log_every": 1,
+             "train.save_total_limit": 2}  # fmt: skip
+    full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
+    script = [sys.executable, os.path.join(REPO, "train", "train_heads.py")]
+    proc = subprocess.run([*script, *_overrides(tiny_target, tiny_data, full, **extra)], env=_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    rng = random.Random(12)
+    ckpts = os.path.join(killed, "checkpoints")
+
+    def steps_logged() -> int:
+        path = os.path.join(killed, "metrics.jsonl")
+        return sum(1 for _ in open(path)) if os.path.isfile(path) else 0
+
+    def during_write() -> bool:
+        return os.path.isdir(ckpts) and any(n.startswith(".tmp-step-") for n in os.listdir(ckpts))
+
+    for k in range(2):  # 1: while a checkpoint is being written; 2: after a random number of new log lines
+        later = steps_logged() + rng.randint(3, 15)
+        trigger = during_write if k == 0 else (lambda later=later: steps_logged() >= later)
+        p = subprocess.Popen([*script, "--resume", *_overrides(tiny_target, tiny_data, killed, **extra)],
+                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.time() + 240
+        while not (fired := trigger()) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.0005)
+        assert fired and p.poll() is None, "the run ended before the moment to kill it"
+        p.kill()  # SIGKILL
+        p.wait()
+    proc = subprocess.run([*script, "--resume", *_overrides(tiny_target, tiny_data, killed, **extra)],
+                          env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
+    assert _heads_digest(full) == _heads_digest(killed)
+    with (
+        open(os.path.join(full, "eval_results.json")) as f1,
+        open(os.path.join(killed, "eval_results.json")) as f2,
+    ):
+        assert json.load(f1) == json.load(f2)
+    assert [r["step"] for r in _metrics(killed) if "train/loss" in r] == list(range(1, 41))
+    assert not any(n.startswith(".tmp-") for n in os.listdir(ckpts))

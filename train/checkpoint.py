@@ -4,7 +4,8 @@ A run owns its ``output_dir``. When it starts, the main process writes ``.selfsp
 run's identity (a SHA-256 of its configuration, less the keys that may change on resume, `MUTABLE_KEYS`),
 that configuration, and its status (``running``, then ``finished`` once the final heads are in place).
 
-    fresh run, missing or empty dir            -> claim it
+    fresh run, missing or empty dir            -> claim it (also a dir whose run stopped before its first
+                                                  checkpoint: nothing there is worth keeping)
     fresh run, dir holding a selfspec run      -> refused: resume it (``--resume``), ``overwrite=true``
                                                   (deletes selfspec's own files, `SELFSPEC_FILES`), or a new dir
     any run, non-empty dir that is no run      -> refused, nothing in it touched (``overwrite`` does not apply)
@@ -122,6 +123,15 @@ def check_writable(directory: str) -> None:
         raise OSError(f"output_dir {directory!r} is not writable: {e.strerror or e}") from None
 
 
+def _holds_results(output_dir: str) -> bool:
+    """A complete checkpoint, heads, or a best-so-far copy: what a refusal protects."""
+    root = os.path.join(output_dir, CHECKPOINTS)
+    steps = os.listdir(root) if os.path.isdir(root) else []
+    if any(os.path.isfile(os.path.join(root, n, STATE_FILE)) for n in steps if not n.startswith(".")):
+        return True
+    return any(os.path.exists(os.path.join(output_dir, n)) for n in ("model.safetensors", "best"))
+
+
 def _wipe(output_dir: str) -> None:
     for name in os.listdir(output_dir):
         if name in SELFSPEC_FILES or name.startswith(".tmp-"):
@@ -146,6 +156,9 @@ def claim_output_dir(cfg) -> str | None:
             f"output_dir {out!r} is not empty ({shown}) and is not a selfspec run: use a new or empty "
             "directory (nothing in it was changed)"
         )
+    if record is not None and not _holds_results(out):
+        _wipe(out)  # a run that stopped before its first checkpoint left nothing worth keeping
+        record = None
     if record is not None:
         same = record["run_id"] == run_id
         diff = "" if same else f" with a different config ({config_diff(record['config'], flat)})"

@@ -1244,12 +1244,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _exit_one_line(e: BaseException) -> SystemExit:
     """``error: ...`` as one line (Python prints a SystemExit's message to stderr, exit status 1), from the
-    main process only. Under a launcher the other processes wait a moment before exiting: the launcher
-    stops every process once one fails, and must not stop the main process before it has printed."""
-    if int(os.environ.get("RANK", 0)) != 0:
-        time.sleep(5)
-        return SystemExit(1)
-    return SystemExit("error: " + " ".join(str(e).split()))  # one line, whatever the library wrote
+    main process only.
+
+    Under a launcher (``WORLD_SIZE`` > 1) the other processes wait a moment before exiting, because the
+    launcher stops every process once one fails and must not stop the main process before it has printed;
+    and every process leaves with ``os._exit`` once the line is out, because an interpreter shutdown with
+    the process group's threads still running aborts with a C++ ``terminate called ...`` line."""
+    line = "error: " + " ".join(str(e).split())  # one line, whatever the library wrote
+    rank = int(os.environ.get("RANK", 0))
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        if rank == 0:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            time.sleep(5)
+        sys.stdout.flush()
+        os._exit(1)
+    return SystemExit(1) if rank != 0 else SystemExit(line)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
