@@ -432,15 +432,14 @@ def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
     _assert_same_heads(out, again)
 
     # A poisoned ZeRO shard: refused by the check before load_state and by DeepSpeed's patched loader itself.
+    import glob
     import types
 
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from test_reliability_train import _Poison
 
-    marker, shard = (
-        str(tmp_path / "marker"),
-        os.path.join(step3, "pytorch_model", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-    )
+    marker = str(tmp_path / "marker")
+    (shard,) = glob.glob(os.path.join(step3, "pytorch_model", "*zero_pp_rank_1_mp_rank_00_optim_states.pt"))
     engine = types.SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())
     ckpt.safe_deepspeed_loads(engine)
     assert "optimizer_state_dict" in engine.checkpoint_engine.load(shard)  # the real shard loads

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from typing import Any
 
@@ -125,9 +126,7 @@ def check_writable(directory: str) -> None:
 
 def _holds_results(output_dir: str) -> bool:
     """A complete checkpoint, heads, or a best-so-far copy: what a refusal protects."""
-    root = os.path.join(output_dir, CHECKPOINTS)
-    steps = os.listdir(root) if os.path.isdir(root) else []
-    if any(os.path.isfile(os.path.join(root, n, STATE_FILE)) for n in steps if not n.startswith(".")):
+    if checkpoint_steps(output_dir):
         return True
     return any(os.path.exists(os.path.join(output_dir, n)) for n in ("model.safetensors", "best"))
 
@@ -187,6 +186,79 @@ def claim_output_dir(cfg) -> str | None:
     if record is None or cfg.overwrite:  # a resume of this run keeps its record
         write_record(out, {"format": 1, "run_id": run_id, "config": flat, "status": "running"})
     return None
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_steps(output_dir: str) -> list[tuple[int, str]]:
+    """Complete checkpoints (step-N with a trainer_state.json), oldest first."""
+    root = os.path.join(output_dir, CHECKPOINTS)
+    found = []
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            m = re.fullmatch(r"step-(\d+)", name)
+            path = os.path.join(root, name)
+            if m and os.path.isfile(os.path.join(path, STATE_FILE)):
+                found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    found = checkpoint_steps(output_dir)
+    return found[-1][1] if found else None
+
+
+def check_same_run(path: str, state: dict[str, Any], now: dict[str, Any]) -> None:
+    """Refuse checkpoint ``path`` (its trainer_state ``state``) unless it is of the run whose state is ``now``:
+    same identity (else the differing keys are named: heads, data, optimisation, ...) and the same
+    process count and batch layout (the data position depends on them)."""
+    if "run_id" not in state or not isinstance(state.get("config"), dict):
+        raise ValueError(
+            f"checkpoint {path} carries no run identity (written by an older selfspec): it cannot be checked "
+            "to belong to this run; start in a new output_dir"
+        )
+    if state["run_id"] != now["run_id"]:
+        raise ValueError(
+            f"checkpoint {path} belongs to a run with a different config "
+            f"({config_diff(state['config'], now['config'])}): resume with that config, or start "
+            "a new run (overwrite=true or a new output_dir)"
+        )
+    for key in ("num_processes", "batch_size", "grad_accum"):
+        if state.get(key) != now[key]:
+            raise ValueError(
+                f"checkpoint {path} was written with {key}={state.get(key)} but this run has {key}={now[key]}; "
+                "resume with the same settings, or use a new output_dir"
+            )
+
+
+def trim_metrics(path: str, step: int) -> None:
+    """Drop the records of steps after ``step`` from the metrics.jsonl at ``path`` (logged before a kill,
+    they are about to be logged again), and any line the kill cut short."""
+    from heads.base import _atomic_write
+
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    keep = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except ValueError:  # a line cut by the kill
+            continue
+    if len(keep) != len(lines):
+        _atomic_write(path, lambda p: open(p, "w").write("".join(keep)))
+
+
+def any_process(acc, failed: bool) -> bool:
+    """True on every process if any process passed ``failed=True`` (a collective: all must call it)."""
+    import torch
+
+    if acc.num_processes == 1:
+        return failed
+    return bool(acc.reduce(torch.tensor([float(failed)], device=acc.device), reduction="sum").item() > 0)
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -41,7 +41,6 @@ import json
 import math
 import os
 import pickle
-import re
 import shutil
 import sys
 import time
@@ -60,7 +59,7 @@ from torch import Tensor, nn
 
 from heads.base import ADAPTER_DIR  # the LoRA's subdirectory next to Medusa-2 heads (output_dir, best/)
 from train import checkpoint as ckpt
-from train.checkpoint import CHECKPOINTS, SCHEDULER_FILE, STATE_FILE
+from train.checkpoint import CHECKPOINTS, SCHEDULER_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (API)
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
 from train.losses import medusa_loss, simulated_accept_length
 
@@ -687,24 +686,6 @@ def evaluate(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- checkpoints
 
 
-def _checkpoint_steps(output_dir: str) -> list[tuple[int, str]]:
-    """Complete checkpoints (step-N with a trainer_state.json), oldest first."""
-    root = os.path.join(output_dir, CHECKPOINTS)
-    found = []
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            m = re.fullmatch(r"step-(\d+)", name)
-            path = os.path.join(root, name)
-            if m and os.path.isfile(os.path.join(path, STATE_FILE)):
-                found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(output_dir: str) -> str | None:
-    found = _checkpoint_steps(output_dir)
-    return found[-1][1] if found else None
-
-
 def _state(run: Run) -> dict[str, Any]:
     flat = run.config_flat if run.config_flat is not None else ckpt.flat_config(run.cfg)
     return {
@@ -721,13 +702,6 @@ def _state(run: Run) -> dict[str, Any]:
         "run_id": ckpt.run_identity(flat),  # `load_checkpoint` refuses another run's checkpoint
         "config": flat,
     }
-
-
-def _any_process(acc, failed: bool) -> bool:
-    """True on every process if any process passed ``failed=True`` (a collective: all must call it)."""
-    if acc.num_processes == 1:
-        return failed
-    return bool(acc.reduce(torch.tensor([float(failed)], device=acc.device), reduction="sum").item() > 0)
 
 
 def save_checkpoint(run: Run) -> str:
@@ -756,11 +730,11 @@ def save_checkpoint(run: Run) -> str:
                     json.dump(obj, f, indent=2)
     except Exception as e:  # OSError, torch's zip writer's RuntimeError, safetensors' SafetensorError, ...
         error = e
-    if _any_process(acc, error is not None):
+    if ckpt.any_process(acc, error is not None):
         full = error is not None and ckpt.is_disk_full(error, root)
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        kept = _checkpoint_steps(run.cfg.output_dir)
+        kept = ckpt.checkpoint_steps(run.cfg.output_dir)
         why = (
             "No space left on device"
             if full
@@ -777,33 +751,10 @@ def save_checkpoint(run: Run) -> str:
         os.replace(tmp, final)
         limit = run.cfg.train.save_total_limit
         if limit > 0:
-            for _, old in _checkpoint_steps(run.cfg.output_dir)[:-limit]:
+            for _, old in ckpt.checkpoint_steps(run.cfg.output_dir)[:-limit]:
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
-
-
-def _check_same_run(run: Run, path: str, state: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another run: the head config first (its weights would not load), then any
-    other key of the run's identity, naming the keys that differ."""
-    now = _state(run)
-    if "run_id" not in state or not isinstance(state.get("config"), dict):
-        raise ValueError(
-            f"checkpoint {path} carries no run identity (written by an older selfspec): it cannot be checked "
-            "to belong to this run; start in a new output_dir"
-        )
-    if state["run_id"] != now["run_id"]:
-        raise ValueError(
-            f"checkpoint {path} belongs to a run with a different config "
-            f"({ckpt.config_diff(state['config'], now['config'])}): resume with that config, or start "
-            "a new run (overwrite=true or a new output_dir)"
-        )
-    for key in ("num_processes", "batch_size", "grad_accum"):
-        if state.get(key) != now[key]:
-            raise ValueError(
-                f"checkpoint {path} was written with {key}={state.get(key)} but this run has {key}={now[key]}; "
-                "resume with the same settings, or use a new output_dir"
-            )
 
 
 def load_checkpoint(run: Run, path: str) -> None:
@@ -814,7 +765,7 @@ def load_checkpoint(run: Run, path: str) -> None:
             state = json.load(f)
     except ValueError as e:
         raise ValueError(f"{os.path.join(path, STATE_FILE)} is not valid JSON: {e}") from None
-    _check_same_run(run, path, state)
+    ckpt.check_same_run(path, state, _state(run))
     acc = run.accelerator
     main_process_first(acc, lambda: ckpt.verify_checkpoint(path, acc.num_processes), main_only=True)
     try:
@@ -831,43 +782,22 @@ def load_checkpoint(run: Run, path: str) -> None:
     if run.batches_in_epoch >= len(run.train_dl):  # saved on the last step of an epoch
         run.epoch, run.batches_in_epoch = run.epoch + 1, 0
     if acc.is_main_process:
-        _trim_metrics(run.cfg.output_dir, run.step)
+        ckpt.trim_metrics(os.path.join(run.cfg.output_dir, METRICS_FILE), run.step)
     acc.wait_for_everyone()
     run.print(f"resumed from {path} at step {run.step} (epoch {run.epoch}, batch {run.batches_in_epoch})")
-
-
-def _trim_metrics(output_dir: str, step: int) -> None:
-    """Drop the metrics.jsonl records of steps after the resumed checkpoint (logged before a kill, they are
-    about to be logged again)."""
-    from heads.base import _atomic_write
-
-    path = os.path.join(output_dir, METRICS_FILE)
-    if not os.path.isfile(path):
-        return
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    keep = []
-    for line in lines:
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except ValueError:  # a line cut by the kill
-            continue
-    if len(keep) != len(lines):
-        _atomic_write(path, lambda p: open(p, "w").write("".join(keep)))
 
 
 def maybe_resume(run: Run) -> None:
     resume = run.cfg.resume
     if resume is None:
         return
-    path = latest_checkpoint(run.cfg.output_dir) if resume == "auto" else os.path.expanduser(resume)
+    path = ckpt.latest_checkpoint(run.cfg.output_dir) if resume == "auto" else os.path.expanduser(resume)
     if path is None:
         run.print(
             f"resume=auto: no checkpoint in {os.path.join(run.cfg.output_dir, CHECKPOINTS)}, starting fresh"
         )
         if run.is_main:
-            _trim_metrics(run.cfg.output_dir, 0)
+            ckpt.trim_metrics(os.path.join(run.cfg.output_dir, METRICS_FILE), 0)
         run.accelerator.wait_for_everyone()
         return
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
