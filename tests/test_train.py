@@ -418,6 +418,8 @@ def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
 
     # Resume under DeepSpeed (resume=PATH of step 3 into a new output_dir): every shard DeepSpeed reads goes
     # through a weights-only load (train/checkpoint.py), and the run ends with the same heads.
+    import deepspeed  # noqa: F401  (its checkpoint classes are allow-listed once it is loaded)
+
     from train import checkpoint as ckpt
 
     step3 = os.path.join(out, "checkpoints", "step-3")

@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 from typing import Any
 
 RUN_FILE = ".selfspec_run.json"  # hidden: never uploaded with the heads (heads.hub ignores dot files)
@@ -341,8 +342,11 @@ def read_scheduler(path: str) -> dict[str, Any]:
 
 
 def _deepspeed_globals() -> list:
-    """DeepSpeed's checkpoints hold a few plain-data objects of its own besides tensors (found by loading a
-    ZeRO-2 checkpoint with weights_only=True): allow exactly those, nothing callable."""
+    """DeepSpeed's checkpoints hold a few plain-data objects of its own besides tensors (found by loading
+    ZeRO-2 (fp32, bf16) and ZeRO-3 checkpoints with weights_only=True): an int enum, the loss-scaler's
+    attributes and a (start, numel) pair. Allow exactly those, nothing callable."""
+    if "deepspeed" not in sys.modules:  # not a DeepSpeed run: its files are refused (and not imported here)
+        return []
     try:
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
