@@ -465,3 +465,12 @@ def test_kill_9_at_random_moments_then_resume_is_bit_identical(tiny_target, tiny
         assert json.load(f1) == json.load(f2)
     assert [r["step"] for r in _metrics(killed) if "train/loss" in r] == list(range(1, 41))
     assert not any(n.startswith(".tmp-") for n in os.listdir(ckpts))
+
+
+def test_overwrite_and_resume_together_are_refused(tmp_path):
+    from train.config import load_config
+
+    with pytest.raises(
+        ValueError, match="overwrite=true deletes the run in output_dir, resume='auto' continues it"
+    ):
+        load_config(None, [f"output_dir={tmp_path}", "overwrite=true", "resume=auto"])
