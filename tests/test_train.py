@@ -207,7 +207,8 @@ def test_single_process_run_learns_and_saves_reloadable_heads(tiny_target, tiny_
     assert len(train_losses) == 6 and train_losses[-1] < 0.8 * train_losses[0], train_losses
     assert ev is not None and len(ev["top1"]) == 3 and ev["count"][0] > 0
     assert sorted(os.listdir(out)) == [
-        "README.md", "config.json", "eval_results.json", "metrics.jsonl", "model.safetensors", "train_config.yaml",
+        ".selfspec_run.json", "README.md", "config.json", "eval_results.json", "metrics.jsonl",
+        "model.safetensors", "train_config.yaml",
     ]  # fmt: skip
     with open(os.path.join(out, "eval_results.json")) as f:
         assert json.load(f)["step"] == 30
@@ -414,3 +415,38 @@ def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
     torch.testing.assert_close(_heads_logits(heads, target, ids), _heads_logits(manual, target, ids))
     runs = [d for d in os.listdir(os.path.join(tmp_path, "wandb")) if d.startswith("offline-run-")]
     assert len(runs) == 1  # only rank 0 logs
+
+    # Resume under DeepSpeed (resume=PATH of step 3 into a new output_dir): every shard DeepSpeed reads goes
+    # through a weights-only load (train/checkpoint.py), and the run ends with the same heads.
+    import deepspeed  # noqa: F401  (its checkpoint classes are allow-listed once it is loaded)
+
+    from train import checkpoint as ckpt
+
+    step3 = os.path.join(out, "checkpoints", "step-3")
+    ckpt.verify_checkpoint(step3, 2)  # DeepSpeed's real shards pass with the allow-list
+    again = str(tmp_path / "again")
+    proc = launch_zero2_two_processes(
+        [*overrides[:-1], f"output_dir={again}", f"resume={step3}", "report_to=none"], port=29534
+    )
+    assert proc.returncode == 0 and f"resumed from {step3} at step 3" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )[-6000:]
+    _assert_same_heads(out, again)
+
+    # A poisoned ZeRO shard: refused by the check before load_state and by DeepSpeed's patched loader itself.
+    import glob
+    import types
+
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+    from test_reliability_train import _Poison
+
+    marker = str(tmp_path / "marker")
+    (shard,) = glob.glob(os.path.join(step3, "pytorch_model", "*zero_pp_rank_1_mp_rank_00_optim_states.pt"))
+    engine = types.SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())
+    ckpt.safe_deepspeed_loads(engine)
+    assert "optimizer_state_dict" in engine.checkpoint_engine.load(shard)  # the real shard loads
+    torch.save({"optimizer_state_dict": _Poison(marker)}, shard)
+    for load in (engine.checkpoint_engine.load, lambda _: ckpt.verify_checkpoint(step3, 2)):
+        with pytest.raises(ValueError, match="refusing to load .*zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+            load(shard)
+    assert not os.path.exists(marker)

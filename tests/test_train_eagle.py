@@ -83,6 +83,7 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     assert all("train/sim_accept_length" in r for r in records if "train/loss" in r)
 
     assert sorted(os.listdir(out)) == [
+        ".selfspec_run.json",  # the run's identity (train/checkpoint.py)
         "README.md",
         "config.json",
         "eval_results.json",

@@ -7,7 +7,7 @@ A run is described by one `RunConfig`:
     data:    where the training text comes from                  (`train.data.DataConfig`)
     train:   optimisation, evaluation, logging and checkpoints   (`TrainConfig`)
     joint:   Medusa-2: LoRA on the target trained with the heads (`JointConfig`, off by default)
-    + output_dir, resume, report_to, wandb_project, run_name
+    + output_dir, resume, overwrite, report_to, wandb_project, run_name
     + push_to_hub, hub_model_id, hub_private, hub_strategy (upload the heads, `heads.hub`)
 
 `load_config(path, overrides)` layers, in order: the dataclass defaults, the YAML file, then the
@@ -267,6 +267,9 @@ class RunConfig:
     joint: JointConfig = field(default_factory=JointConfig)  # Medusa-2 (off by default)
     output_dir: str = "out/medusa"  # final heads here; checkpoints under output_dir/checkpoints/step-N
     resume: str | None = None  # None: start fresh; "auto": latest checkpoint in output_dir if any; or a path
+    # A fresh run refuses an output_dir that holds another run (`train.checkpoint`); overwrite=true deletes
+    # that run's selfspec files first (never other files; a directory that is no selfspec run is refused).
+    overwrite: bool = False
     report_to: str = "none"  # "none" | "wandb"
     wandb_project: str = "selfspec"
     run_name: str | None = None  # wandb run name (None = wandb picks one)
@@ -287,6 +290,10 @@ class RunConfig:
             raise ValueError(
                 f"joint training (Medusa-2, joint.enabled: true) needs heads.type: medusa, got "
                 f"{self.heads.type!r}; train {self.heads.type} heads on the frozen target (joint.enabled: false)"
+            )
+        if self.overwrite and self.resume is not None:
+            raise ValueError(
+                f"overwrite=true deletes the run in output_dir, resume={self.resume!r} continues it: pick one"
             )
         if (
             self.resume is not None

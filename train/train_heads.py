@@ -40,7 +40,7 @@ import inspect
 import json
 import math
 import os
-import re
+import pickle
 import shutil
 import sys
 import time
@@ -58,11 +58,11 @@ import torch
 from torch import Tensor, nn
 
 from heads.base import ADAPTER_DIR  # the LoRA's subdirectory next to Medusa-2 heads (output_dir, best/)
+from train import checkpoint as ckpt
+from train.checkpoint import CHECKPOINTS, SCHEDULER_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (API)
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
 from train.losses import medusa_loss, simulated_accept_length
 
-CHECKPOINTS = "checkpoints"
-STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -90,6 +90,9 @@ class Run:
     best_accept_length: float = -math.inf
     best_step: int | None = None
     last_eval: dict[str, Any] | None = None  # the latest eval and its step (cards of pushed checkpoints)
+    # The run's identity: the config as given (demo names unresolved) less the keys a resume may change
+    # (`train.checkpoint.flat_config`); every checkpoint carries it. None = computed from ``cfg``.
+    config_flat: dict[str, Any] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -139,25 +142,26 @@ def _deepspeed_plugin(accelerator):
 INPUT_ERRORS = (ValueError, FileNotFoundError, OSError)  # DataError is a ValueError
 
 
-def main_process_first(accelerator, fn):
-    """``fn()`` on the main process, then on the others. If it fails on the main process with an input
-    error, every process raises it (instead of the others dying at a barrier with a gloo traceback)."""
+def main_process_first(accelerator, fn, main_only: bool = False):
+    """``fn()`` on the main process, then on the others (``main_only``: the others get its result, which
+    must be picklable). If it fails on the main process with an input error, every process raises it
+    (instead of the others dying at a barrier with a gloo traceback)."""
     from accelerate.utils import broadcast_object_list
 
     if accelerator.num_processes == 1:
         return fn()
-    failure: list[str | None] = [None]
+    box: list[Any] = [None, None]  # [failure, result]
     if accelerator.is_main_process:
         try:
-            result = fn()
+            box[1] = fn()
         except INPUT_ERRORS as e:
-            failure = [str(e)]
-            broadcast_object_list(failure)
+            box[0] = str(e)
+            broadcast_object_list(box)
             raise
-    broadcast_object_list(failure)  # doubles as the barrier
-    if failure[0] is not None:
-        raise ValueError(failure[0])
-    return result if accelerator.is_main_process else fn()
+    broadcast_object_list(box)  # doubles as the barrier
+    if box[0] is not None:
+        raise ValueError(box[0])
+    return box[1] if accelerator.is_main_process or main_only else fn()
 
 
 @contextlib.contextmanager
@@ -177,8 +181,26 @@ def outside_zero3_init(plugin):
         plugin.set_deepspeed_weakref()
 
 
-def setup(cfg: RunConfig, features: str | None = None) -> Run:
-    """Build and check everything before the first step: target, tokenizer, data, heads, optimizer."""
+def check_context_length(cfg: RunConfig) -> None:
+    """``data.max_length`` against the target's context, from its config.json alone (before any row is
+    tokenized or a weight loaded)."""
+    from transformers import AutoConfig
+
+    name = os.path.expanduser(cfg.target.name_or_path)
+    try:
+        text_cfg = AutoConfig.from_pretrained(name, revision=cfg.target.revision).get_text_config()
+    except (OSError, ValueError) as e:
+        raise OSError(f"could not read the config of {cfg.target.name_or_path!r}: {e}") from e
+    max_pos = getattr(text_cfg, "max_position_embeddings", None)
+    if max_pos is not None and cfg.data.max_length > max_pos:
+        raise ValueError(
+            f"data.max_length={cfg.data.max_length} exceeds the target's max_position_embeddings={max_pos}"
+        )
+
+
+def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
+    """Build and check everything before the first step: target, tokenizer, data, heads, optimizer.
+    ``accelerator``: the one `start` made (None = make one)."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
@@ -187,7 +209,7 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
     from heads.graft import load_target, looks_local, num_layers
     from train.data import build_datasets, collate
 
-    accelerator = make_accelerator(cfg)
+    accelerator = accelerator or make_accelerator(cfg)
     set_seed(cfg.train.seed)
     plugin = _deepspeed_plugin(accelerator)
     tcfg = cfg.train
@@ -204,16 +226,20 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
         name = resolved.target.name_or_path
         if looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
             raise FileNotFoundError(f"target model directory not found: {name!r}")
+        check_context_length(resolved)
         try:
             tok = AutoTokenizer.from_pretrained(os.path.expanduser(name), revision=resolved.target.revision)
         except OSError as e:
             raise OSError(f"could not load the tokenizer of {name!r}: {e}") from e
         return resolved, tok, *build_datasets(resolved.data, tok, seed=tcfg.seed)
 
+    feature_ds = (
+        FeatureShards(features, cfg.heads.type) if features is not None else None
+    )  # cheap checks first
     cfg, tokenizer, train_ds, eval_ds = main_process_first(accelerator, load_inputs)
     token_ds = train_ds  # tokenized rows (EAGLE-3 counts its draft vocab on them)
-    if features is not None:
-        train_ds = FeatureShards(features, cfg.heads.type)
+    if feature_ds is not None:
+        train_ds = feature_ds
         if len(train_ds) != len(token_ds):
             raise ValueError(
                 f"{features} holds {len(train_ds)} rows but the config's training set has {len(token_ds)}: "
@@ -236,12 +262,6 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
             adapter_revision=cfg.target.adapter_revision,
             merge=cfg.target.merge,
         )
-        text_cfg = target.config.get_text_config()
-        max_pos = getattr(text_cfg, "max_position_embeddings", None)
-        if max_pos is not None and cfg.data.max_length > max_pos:
-            raise ValueError(
-                f"data.max_length={cfg.data.max_length} exceeds the target's max_position_embeddings={max_pos}"
-            )
         if len(tokenizer) > target.get_output_embeddings().weight.shape[0]:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the target's lm_head only {target.get_output_embeddings().weight.shape[0]}"
@@ -294,15 +314,17 @@ def setup(cfg: RunConfig, features: str | None = None) -> Run:
                 f"note: DeepSpeed config sets gradient_clipping={ds['gradient_clipping']} (train.grad_clip ignored)"
             )
     heads, optimizer, train_dl, eval_dl = accelerator.prepare(heads, adamw, train_dl, eval_dl)
+    if plugin is not None:  # DeepSpeed reads its checkpoint shards with torch.load(weights_only=False)
+        ckpt.safe_deepspeed_loads(heads)
 
     # Steps come from the per-process dataloader length (after sharding across processes).
     steps_per_epoch = math.ceil(len(train_dl) / tcfg.grad_accum)
     total_steps = tcfg.max_steps if tcfg.max_steps > 0 else tcfg.num_epochs * steps_per_epoch
     # The scheduler drives the AdamW created above (DeepSpeed's ZeRO optimizer wraps that same object and
     # reads its param_groups' lr). It is stepped by hand once per optimizer step (not prepared: accelerate
-    # would step it num_processes times) and saved with each checkpoint via register_for_checkpointing.
+    # would step it num_processes times) and saved by `save_checkpoint` as JSON (not registered with
+    # accelerate, which would pickle it and unpickle it with code on resume).
     scheduler = get_cosine_schedule_with_warmup(adamw, round(tcfg.warmup_ratio * total_steps), total_steps)
-    accelerator.register_for_checkpointing(scheduler)
 
     run = Run(
         cfg=cfg,
@@ -664,25 +686,8 @@ def evaluate(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- checkpoints
 
 
-def _checkpoint_steps(output_dir: str) -> list[tuple[int, str]]:
-    """Complete checkpoints (step-N with a trainer_state.json), oldest first."""
-    root = os.path.join(output_dir, CHECKPOINTS)
-    found = []
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            m = re.fullmatch(r"step-(\d+)", name)
-            path = os.path.join(root, name)
-            if m and os.path.isfile(os.path.join(path, STATE_FILE)):
-                found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(output_dir: str) -> str | None:
-    found = _checkpoint_steps(output_dir)
-    return found[-1][1] if found else None
-
-
 def _state(run: Run) -> dict[str, Any]:
+    flat = run.config_flat if run.config_flat is not None else ckpt.flat_config(run.cfg)
     return {
         "step": run.step,
         "epoch": run.epoch,
@@ -694,14 +699,19 @@ def _state(run: Run) -> dict[str, Any]:
         "num_processes": run.accelerator.num_processes,
         "batch_size": run.cfg.train.batch_size,
         "grad_accum": run.cfg.train.grad_accum,
+        "run_id": ckpt.run_identity(flat),  # `load_checkpoint` refuses another run's checkpoint
+        "config": flat,
     }
 
 
 def save_checkpoint(run: Run) -> str:
-    """``accelerator.save_state`` into ``checkpoints/.tmp-step-N``, add trainer_state.json, rename to step-N.
+    """``accelerator.save_state`` into ``checkpoints/.tmp-step-N``, add the scheduler (JSON) and
+    trainer_state.json, rename to step-N.
 
     Every process takes part (DeepSpeed writes its shards, each process its RNG state). A crash leaves at
-    most a ``.tmp-*`` directory, which is never resumed from. Keeps the newest ``save_total_limit``.
+    most a ``.tmp-*`` directory, which is never resumed from. A failed write (disk full, quota) on any
+    process removes that directory and raises `train.checkpoint.CheckpointWriteError` on every process;
+    the previous checkpoints are untouched. Keeps the newest ``save_total_limit``.
     """
     acc = run.accelerator
     root = os.path.join(run.cfg.output_dir, CHECKPOINTS)
@@ -711,34 +721,58 @@ def save_checkpoint(run: Run) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(root, exist_ok=True)
     acc.wait_for_everyone()
-    acc.save_state(tmp, **_state_kwargs(run, load=False))
-    acc.wait_for_everyone()
+    error: BaseException | None = None
+    try:
+        acc.save_state(tmp, **_state_kwargs(run, load=False))
+        if acc.is_main_process:
+            for name, obj in ((SCHEDULER_FILE, run.scheduler.state_dict()), (STATE_FILE, _state(run))):
+                with open(os.path.join(tmp, name), "w") as f:
+                    json.dump(obj, f, indent=2)
+    except Exception as e:  # OSError, torch's zip writer's RuntimeError, safetensors' SafetensorError, ...
+        error = e
+    if ckpt.any_process(acc, error is not None):
+        full = error is not None and ckpt.is_disk_full(error, root)
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = ckpt.checkpoint_steps(run.cfg.output_dir)
+        why = (
+            "No space left on device"
+            if full
+            else (" ".join(str(error).split())[:300] or "failed on another process")
+        )
+        raise ckpt.CheckpointWriteError(
+            f"writing checkpoint {final} failed: {why}; the partial {tmp} was removed"
+            + (f", the previous checkpoint {kept[-1][1]} is kept" if kept else "")
+            + (": free some space, then resume with --resume" if full else "")
+        ) from error
     if acc.is_main_process:
-        with open(os.path.join(tmp, STATE_FILE), "w") as f:
-            json.dump(_state(run), f, indent=2)
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
         limit = run.cfg.train.save_total_limit
         if limit > 0:
-            for _, old in _checkpoint_steps(run.cfg.output_dir)[:-limit]:
+            for _, old in ckpt.checkpoint_steps(run.cfg.output_dir)[:-limit]:
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
 
 
 def load_checkpoint(run: Run, path: str) -> None:
-    """Restore heads, optimizer, scheduler, RNG states and the loop position from a step-N directory."""
-    with open(os.path.join(path, STATE_FILE)) as f:
-        state = json.load(f)
-    now = _state(run)
-    for key in ("num_processes", "batch_size", "grad_accum"):
-        if state.get(key) != now[key]:
-            raise ValueError(
-                f"checkpoint {path} was written with {key}={state.get(key)} but this run has {key}={now[key]}; "
-                "resume with the same settings, or use a new output_dir"
-            )
-    run.accelerator.load_state(path, **_state_kwargs(run, load=True))
+    """Restore heads, optimizer, scheduler, RNG states and the loop position from a step-N directory, after
+    checking it is this run's and that none of its files needs more than a weights-only load."""
+    try:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            state = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{os.path.join(path, STATE_FILE)} is not valid JSON: {e}") from None
+    ckpt.check_same_run(path, state, _state(run))
+    acc = run.accelerator
+    main_process_first(acc, lambda: ckpt.verify_checkpoint(path, acc.num_processes), main_only=True)
+    try:
+        acc.load_state(path, **_state_kwargs(run, load=True))
+    except pickle.UnpicklingError as e:  # a weights-only load refused a file (accelerate / DeepSpeed)
+        raise ValueError(f"refusing to resume from {path}: {str(e).splitlines()[0][:300]}") from None
+    run.scheduler.load_state_dict(ckpt.read_scheduler(path))
     run.step, run.epoch, run.batches_in_epoch = state["step"], state["epoch"], state["batches_in_epoch"]
     run.best_eval_loss = state["best_eval_loss"] if state["best_eval_loss"] is not None else math.inf
     best = state.get("best_accept_length")
@@ -747,6 +781,9 @@ def load_checkpoint(run: Run, path: str) -> None:
     )
     if run.batches_in_epoch >= len(run.train_dl):  # saved on the last step of an epoch
         run.epoch, run.batches_in_epoch = run.epoch + 1, 0
+    if acc.is_main_process:
+        ckpt.trim_metrics(os.path.join(run.cfg.output_dir, METRICS_FILE), run.step)
+    acc.wait_for_everyone()
     run.print(f"resumed from {path} at step {run.step} (epoch {run.epoch}, batch {run.batches_in_epoch})")
 
 
@@ -754,11 +791,14 @@ def maybe_resume(run: Run) -> None:
     resume = run.cfg.resume
     if resume is None:
         return
-    path = latest_checkpoint(run.cfg.output_dir) if resume == "auto" else os.path.expanduser(resume)
+    path = ckpt.latest_checkpoint(run.cfg.output_dir) if resume == "auto" else os.path.expanduser(resume)
     if path is None:
         run.print(
             f"resume=auto: no checkpoint in {os.path.join(run.cfg.output_dir, CHECKPOINTS)}, starting fresh"
         )
+        if run.is_main:
+            ckpt.trim_metrics(os.path.join(run.cfg.output_dir, METRICS_FILE), 0)
+        run.accelerator.wait_for_everyone()
         return
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
@@ -1059,17 +1099,26 @@ def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
                 shutil.rmtree(final, ignore_errors=True)
                 os.replace(tmp, final)
     acc.wait_for_everyone()
-    if acc.is_main_process:
+    if acc.is_main_process:  # finished before best/ goes: a resume after a kill here is a no-op, not a crash
+        ckpt.mark_finished(run.cfg.output_dir, run.step)
         shutil.rmtree(best_dir, ignore_errors=True)
     acc.wait_for_everyone()
     return best_ev
 
 
-def start(cfg: RunConfig, features: str | None = None) -> Run:
-    """Everything that can fail because of the user's input: setup, trackers, resume. ``features``: a
-    ``scripts/dump_features.py`` directory to train from (None = run the target online)."""
-    run = setup(cfg, features)
-    os.makedirs(run.cfg.output_dir, exist_ok=True)
+def start(cfg: RunConfig, features: str | None = None) -> Run | None:
+    """Everything that can fail because of the user's input: output_dir ownership, setup, trackers, resume.
+    ``features``: a ``scripts/dump_features.py`` directory to train from (None = run the target online).
+    Returns None (after saying so) when the run in output_dir is finished and this is a resume."""
+    accelerator = make_accelerator(cfg)
+    # Before any data is read: output_dir is this run's (`train.checkpoint.claim_output_dir`), and writable.
+    done = main_process_first(accelerator, lambda: ckpt.claim_output_dir(cfg), main_only=True)
+    if done is not None:
+        accelerator.print(done)
+        accelerator.end_training()
+        return None
+    run = setup(cfg, features, accelerator)
+    run.config_flat = ckpt.flat_config(cfg)
     if run.cfg.report_to == "wandb":
         run.accelerator.init_trackers(
             run.cfg.wandb_project, config=to_dict(run.cfg), init_kwargs={"wandb": {"name": run.cfg.run_name}}
@@ -1097,8 +1146,9 @@ def finish(run: Run) -> dict[str, Any] | None:
 
 
 def train(cfg: RunConfig, features: str | None = None) -> dict[str, Any] | None:
-    """setup -> (resume) -> fit -> validate -> save."""
-    return finish(start(cfg, features))
+    """setup -> (resume) -> fit -> validate -> save (nothing when resuming a finished run)."""
+    run = start(cfg, features)
+    return None if run is None else finish(run)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1122,24 +1172,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _exit_one_line(e: BaseException) -> SystemExit:
+    """``error: ...`` as one line (Python prints a SystemExit's message to stderr, exit status 1), from the
+    main process only.
+
+    Under a launcher (``WORLD_SIZE`` > 1) the other processes wait a moment before exiting, because the
+    launcher stops every process once one fails and must not stop the main process before it has printed;
+    and every process leaves with ``os._exit`` once the line is out, because an interpreter shutdown with
+    the process group's threads still running aborts with a C++ ``terminate called ...`` line."""
+    line = "error: " + " ".join(str(e).split())  # one line, whatever the library wrote
+    rank = int(os.environ.get("RANK", 0))
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        if rank == 0:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            time.sleep(5)
+        sys.stdout.flush()
+        os._exit(1)
+    return SystemExit(1) if rank != 0 else SystemExit(line)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     overrides = list(args.overrides) + (["resume=auto"] if args.resume else [])
     from train.data import DataError
 
-    # Input problems (config, target path, data, checkpoint) end in one line; set SELFSPEC_DEBUG=1 for the
-    # traceback. Errors during training itself are bugs and keep theirs.
+    # Input problems (config, target path, data, output_dir, checkpoint) and a full disk end in one line;
+    # set SELFSPEC_DEBUG=1 for the traceback. Other errors during training itself are bugs and keep theirs.
+    run = None
     try:
         run = start(load_config(args.config, overrides), args.features)
+        return None if run is None else finish(run)
     except (DataError, *INPUT_ERRORS) as e:
         if os.environ.get("SELFSPEC_DEBUG"):
             raise
-        if int(os.environ.get("RANK", 0)) != 0:
-            raise SystemExit(1) from None  # the main process reports it
-        raise SystemExit(
-            "error: " + " ".join(str(e).split())
-        ) from None  # one line, whatever the library wrote
-    return finish(run)
+        if run is not None:  # training had started: only a failed write (disk full) is the user's to fix
+            if isinstance(e, OSError) and not isinstance(e, ckpt.CheckpointWriteError):
+                if not ckpt.is_disk_full(e, run.cfg.output_dir):
+                    raise
+                e = OSError(f"No space left on device writing to {run.cfg.output_dir} ({e})")
+            elif not isinstance(e, ckpt.CheckpointWriteError):
+                raise
+        raise _exit_one_line(e) from None
 
 
 if __name__ == "__main__":
