@@ -42,8 +42,10 @@ _MAX_FFN_FACTOR = 64  # intermediate_size <= 64 H
 
 
 def target_config_object(target_config: dict[str, Any]):
-    """The target's text config dict as its own transformers config class (for its attribute aliases)."""
-    from transformers import AutoConfig
+    """The target's text config dict as its own transformers config class (for its attribute aliases,
+    e.g. GPT-2's ``n_embd`` read as ``hidden_size``); a plain ``PretrainedConfig`` for a model type this
+    transformers does not know (a remote-code model), which then must use the standard key names."""
+    from transformers import AutoConfig, PretrainedConfig
 
     d = {k: v for k, v in target_config.items() if k not in _NON_ARCH_KEYS}
     model_type = d.pop("model_type", None)
@@ -51,8 +53,8 @@ def target_config_object(target_config: dict[str, Any]):
         raise ValueError("target_config has no 'model_type'")
     try:
         return AutoConfig.for_model(model_type, **d)
-    except (ValueError, KeyError) as e:
-        raise NotImplementedError(f"EAGLE heads: unknown target architecture {model_type!r}: {e}") from e
+    except (ValueError, KeyError):
+        return PretrainedConfig(**d)
 
 
 def _kv_heads(tc, heads: int) -> int:
@@ -103,8 +105,12 @@ def llama_layer_config(target_config: dict[str, Any], vocab_size: int = 0) -> di
     See the module docstring for each size. Deterministic in its inputs; stored once in the heads config.
     """
     tc = target_config_object(target_config)
-    hidden = int(tc.hidden_size)
-    heads = int(tc.num_attention_heads)
+    try:
+        hidden, heads = int(tc.hidden_size), int(tc.num_attention_heads)
+    except AttributeError as e:
+        raise ValueError(
+            f"cannot size a Llama draft layer for this {tc.model_type!r} target config: {e}"
+        ) from None
     head_dim = getattr(tc, "head_dim", None) or hidden // heads
     return {
         "model_type": "llama",

@@ -75,8 +75,9 @@ def _draft_only_config(arch: str, heads: dict, common: dict):
         )
     if arch == "olmo2":  # norms after attention and MLP, q/k norms
         return tf.Olmo2Config(**heads, **common)
-    if arch == "cohere":  # parallel block, LayerNorm without bias, logit_scale
-        return tf.CohereConfig(**heads, logit_scale=0.25, **common)
+    if arch == "cohere":  # parallel block, LayerNorm without bias, tied lm_head, logit_scale; a wider init
+        # (the tied 0.02-std embedding is the lm_head) so that a random model's logits are not flat
+        return tf.CohereConfig(**heads, logit_scale=0.5, initializer_range=0.2, **common)
     if arch == "phi":  # phi-1/2: partial rotary (50%), parallel block, dense + fc1/fc2
         return tf.PhiConfig(**heads, **common)
     if arch == "starcoder2":  # LayerNorm, biases, GELU MLP

@@ -119,6 +119,12 @@ def test_llama_layer_config_follows_unusual_target():
     assert d["head_dim"] == 8 and d["num_attention_heads"] == 2 and d["num_key_value_heads"] == 1
     assert d["rope_parameters"] == {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0}
     assert d["intermediate_size"] == 48 and d["vocab_size"] == 64 and d["attention_bias"] is False
+    # a model type transformers does not know (remote code): sized from the standard key names
+    custom = {"model_type": "my_lm", "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 64}
+    d = llama_layer_config(custom)
+    assert (d["head_dim"], d["num_key_value_heads"], d["intermediate_size"]) == (8, 4, 128)
+    with pytest.raises(ValueError, match="cannot size a Llama draft layer"):
+        llama_layer_config({"model_type": "my_lm", "n_embd": 32})
 
 
 def test_config_validation():
@@ -315,7 +321,8 @@ def test_exact_sampling_with_llama_layer_on_phi(kind):
     from test_distribution import V as DV
 
     torch.manual_seed(0)
-    m = tiny_model("phi", seed=0, vocab_size=DV, hidden_size=16, num_layers=3)
+    layers = 3 if kind == "eagle3" else 1  # EAGLE-3: three distinct aux layers; EAGLE-1 reads the last only
+    m = tiny_model("phi", seed=0, vocab_size=DV, hidden_size=16, num_layers=layers)
     with torch.no_grad():
         m.get_output_embeddings().weight.mul_(30.0)  # next-token distributions far from uniform
     m.generation_config.eos_token_id = None
