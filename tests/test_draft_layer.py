@@ -160,6 +160,18 @@ def test_embedding_scale_is_what_the_graft_passes():
         assert torch.equal(m(ids, output_hidden_states=True).hidden_states[0], m.get_input_embeddings()(ids))
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "cohere", "granite", "llama"])
+def test_eagle_draft_logits_are_the_targets_function_of_a_feature(arch):
+    """EAGLE-1 scores features as the target does: Gemma2's soft-cap, Cohere's logit_scale and Granite's
+    1 / logits_scaling are applied (the Llama layer does not carry them; they come from the target)."""
+    m = target(arch)
+    head = fresh("eagle", arch)
+    want = {"gemma2": (1.0, 30.0), "cohere": (0.5, None), "granite": (0.5, None)}.get(arch, (1.0, None))
+    assert (head.logit_scale, head.logit_softcap) == want
+    out = run_target(m, torch.randint(3, V, (2, 7)))
+    assert torch.allclose(head.logits(out.hidden, m.get_output_embeddings()), out.logits, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 
 
