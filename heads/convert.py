@@ -808,6 +808,7 @@ def import_eagle(
             vocab_size=vocab,
             base_model_name_or_path=_target_name(raw, target),
             target_config=_draft_target_config(raw, target, what),
+            draft_layer="target",  # as before draft_layer existed (the same layer for Llama targets)
             bias=use_bias,
         )
     )
@@ -894,6 +895,7 @@ def import_eagle3(
             vocab_size=vocab,
             base_model_name_or_path=_target_name(raw, target),
             target_config=_draft_target_config(raw, target, what),
+            draft_layer="target",  # as before draft_layer existed (the same layer for Llama targets)
             aux_layer_ids=[int(i) for i in ids],
             draft_vocab_size=None if Vd == vocab else Vd,
         )

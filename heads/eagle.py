@@ -5,28 +5,37 @@ The draft is one decoder layer that runs autoregressively at the *feature* level
 fuses the embedding of token x_{k+1} with the target's last post-norm hidden state f_k:
 
     z_k = fc(cat(embed(x_{k+1}), f_k))           fc: Linear(2H -> H, bias)
-    f̂_{k+1} = layer(z_k | z_0..z_{k-1})          one decoder layer of the target's own architecture
-    draft logits for x_{k+2} = softcap(lm_head(f̂_{k+1}))   the target's frozen lm_head
+    f̂_{k+1} = layer(z_k | z_0..z_{k-1})          one decoder layer (``draft_layer``: Llama, or the target's)
+    draft logits for x_{k+2} = softcap(scale · lm_head(f̂_{k+1}))   the target's frozen lm_head
 
 Alignment convention (training and inference agree on it): pair k = (token x_{k+1}, feature f_k) sits
 at position id k and attends causally to pairs 0..k. Its output f̂_{k+1} is regressed onto f_{k+1}, and
 its logits are scored against token x_{k+2}, so pair k is trained iff ``loss_mask[k+2] == 1``.
 
-The layer is built from the target's own config class with ``num_hidden_layers=1`` (so rope_theta /
-rope scaling, head_dim, qkv bias, q/k norms, attention scaling and soft-capping all match the target)
-and the architecture's own decoder-layer and rotary-embedding classes, found generically through
-``AutoModelForCausalLM.from_config``; no modeling file is copied. Deviations from the target's layer:
+**The layer** (``EagleConfig.draft_layer``, see `heads.draft_layer`): ``"llama"`` (the default) is a
+transformers Llama decoder layer sized from the target, which vLLM and SGLang rebuild for any target;
+``"target"`` (heads saved before the option existed) is a layer of the target's own architecture, built
+from the target's own config class with ``num_hidden_layers=1`` (so rope_theta / rope scaling, head_dim,
+qkv bias, q/k norms, attention scaling and soft-capping all match the target) and the architecture's
+own decoder-layer and rotary-embedding classes, found generically through
+``AutoModelForCausalLM.from_config``; no modeling file is copied. Either way, deviations from a plain
+decoder layer:
 
 - ``input_layernorm`` is replaced by ``nn.Identity()`` (EAGLE: no input norm on layer 0; its input
   ``fc(...)`` mixes a post-norm feature with an embedding and is not normed).
 - the layer always uses full causal attention (``layer_types=["full_attention"]``, no sliding window):
   the draft's own prefix is attended in full, as in EAGLE's Llama-based draft.
 
-Embeddings are taken from ``target.get_input_embeddings()`` called as a module, which is exactly what
-the target's decoder sees: Gemma/Gemma2 scale by sqrt(H) inside that embedding module
-(``Gemma2TextScaledWordEmbedding``), and their decoder does not scale again, so the draft sees the
-scaled embedding too. Draft logits apply the target's ``final_logit_softcapping`` (Gemma2) so that
-draft and target distributions are the same function of a feature.
+Embeddings are taken from ``target.get_input_embeddings()`` called as a module, in training and at
+inference alike: Gemma/Gemma2/Gemma-3 scale by sqrt(H) inside that embedding module
+(``...ScaledWordEmbedding``, and their decoder does not scale again), so the draft sees the scaled
+embedding, which is also what the target's decoder sees; Granite's ``embedding_multiplier`` is applied
+in the decoder's forward, outside the module, so the draft sees the plain embedding. An engine whose
+draft looks up the shared embedding *weight* must multiply Gemma's rows by sqrt(H) (as the module's
+``embed_scale``, rounded to the weight dtype) to compute this function; for EAGLE-1 that factor can be
+folded into ``fc``'s first H input columns at export. Draft logits apply the target's logit transform
+(Gemma2's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's ``1 / logits_scaling``) so
+that draft and target distributions are the same function of a feature.
 
 The attention kernel is the architecture's default from ``from_config`` (sdpa; eager for Gemma2, whose
 attention soft-capping sdpa lacks); both take the 4D additive tree masks of `infer.eagle_draft`.
@@ -40,13 +49,21 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heads.base import HeadConfig, register
+from heads.draft_layer import (
+    DRAFT_LAYERS,
+    build_llama_layer,
+    check_llama_layer_config,
+    draft_llama_config,
+    llama_layer_config,
+    target_config_object,
+)
 from heads.graft import TargetOutput
 from heads.hub import HubMixin
 
@@ -62,6 +79,11 @@ class EagleConfig(HeadConfig):
 
     target_config: the target's text config as a dict (``target.config.get_text_config().to_dict()``);
         the draft layer is rebuilt from it, so loading never needs the target itself.
+    draft_layer: ``"llama"`` (default: a Llama decoder layer sized from the target, which the engines
+        rebuild) or ``"target"`` (a layer of the target's own architecture); see `heads.draft_layer`.
+        A config.json without the key (heads saved before it existed) loads as ``"target"``.
+    draft_layer_config: the ``LlamaConfig`` keyword arguments of a ``"llama"`` layer, resolved from
+        ``target_config`` by `heads.draft_layer.llama_layer_config` and saved (None for ``"target"``).
     bias: whether ``fc`` has a bias (EAGLE-1 checkpoints have one).
     w_reg, w_cls: weights of the SmoothL1 feature regression and of the soft-label cross-entropy.
     noise: training-time feature augmentation, f + U(-noise, noise); 0 disables it.
@@ -69,6 +91,8 @@ class EagleConfig(HeadConfig):
 
     head_type: ClassVar[str] = "eagle"
     target_config: dict[str, Any] = field(default_factory=dict)
+    draft_layer: Literal["llama", "target"] = "llama"
+    draft_layer_config: dict[str, Any] | None = None
     bias: bool = True
     w_reg: float = 1.0
     w_cls: float = 0.1
@@ -77,12 +101,18 @@ class EagleConfig(HeadConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_target_config(self.target_config)
+        resolve_draft_layer(self)
         if self.w_reg < 0 or self.w_cls < 0:
             raise ValueError(f"loss weights must be >= 0, got w_reg={self.w_reg}, w_cls={self.w_cls}")
         if self.w_reg == 0 and self.w_cls == 0:
             raise ValueError("w_reg and w_cls are both 0: nothing to train")
         if self.noise < 0:
             raise ValueError(f"noise must be >= 0 (0 disables it), got {self.noise}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EagleConfig:
+        """As `HeadConfig.from_dict`; a config without ``draft_layer`` (saved before it existed) is ``"target"``."""
+        return super().from_dict(with_legacy_draft_layer(d))
 
     @property
     def model_type(self) -> str:
@@ -91,6 +121,30 @@ class EagleConfig(HeadConfig):
     def check_target(self, target: nn.Module) -> None:
         super().check_target(target)
         check_target_arch(self, target)
+
+
+def with_legacy_draft_layer(d: dict[str, Any]) -> dict[str, Any]:
+    """A saved EAGLE / EAGLE-3 config dict, with ``draft_layer: target`` where the key is missing
+    (heads saved before ``draft_layer`` existed had the target's own layer)."""
+    return d if "draft_layer" in d else {**d, "draft_layer": "target"}
+
+
+def resolve_draft_layer(config: HeadConfig) -> None:
+    """Validate ``config.draft_layer``; for ``"llama"`` resolve (or check) ``draft_layer_config`` once the
+    target is known. Shared by `EagleConfig` and `heads.eagle3.Eagle3Config`."""
+    if config.draft_layer not in DRAFT_LAYERS:
+        raise ValueError(f"draft_layer must be one of {list(DRAFT_LAYERS)}, got {config.draft_layer!r}")
+    if config.draft_layer == "target":
+        if config.draft_layer_config is not None:
+            raise ValueError(
+                "draft_layer_config is only for draft_layer: llama (target layers use target_config)"
+            )
+        return
+    if config.draft_layer_config is None:
+        if config.target_config:
+            config.draft_layer_config = llama_layer_config(config.target_config, config.vocab_size)
+        return
+    check_llama_layer_config(config.draft_layer_config, config.hidden_size)
 
 
 def validate_target_config(target_config: Any) -> None:
@@ -108,7 +162,7 @@ def check_target_arch(config: HeadConfig, target: nn.Module) -> None:
     if mt != want:
         raise ValueError(
             f"{config.head_type} heads were trained for a {want!r} target ({config.base_model_name_or_path!r}) "
-            f"and do not fit target of architecture {mt!r}: the draft layer is the target's own layer type"
+            f"and do not fit target of architecture {mt!r}: heads fit only the target they were trained on"
         )
 
 
@@ -142,8 +196,10 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
     class (cheap: its embedding and lm_head are tiny) and its layer 0 and rotary module are kept; they
     come out initialised the way the architecture initialises them. Architectures whose decoder layer
     does not take ``(hidden_states, attention_mask, position_ids, cache, position_embeddings)`` with
-    RoPE computed outside the layer (GPT-2, ...) raise ``NotImplementedError``. (The cache argument may
-    also be called ``past_key_values``, as in transformers releases before the rename.)
+    RoPE computed outside the layer (GPT-2, ...) raise ``NotImplementedError`` pointing to
+    ``draft_layer: llama``. (The cache argument may also be called ``past_key_values``, as in
+    transformers releases before the rename.) `heads.draft_layer.build_llama_layer` calls this with a
+    Llama config dict.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -161,7 +217,9 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
     try:
         cfg = AutoConfig.for_model(model_type, **d)
     except (ValueError, KeyError) as e:
-        raise NotImplementedError(f"EAGLE heads: unknown target architecture {model_type!r}: {e}") from e
+        raise NotImplementedError(
+            f"EAGLE heads: unknown target architecture {model_type!r}: {e}; use heads.options.draft_layer: llama"
+        ) from e
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     base = model.base_model
     layers = getattr(base, "layers", None)
@@ -171,6 +229,8 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
         problem = "its decoder has no `layers` list"
     elif rotary is None:
         problem = "its decoder computes no rotary embedding outside the layers (`rotary_emb`)"
+    elif not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+        problem = f"its {type(rotary).__name__} has per-layer-type RoPE tables (no single `inv_freq`)"
     else:
         params = inspect.signature(layers[0].forward).parameters
         missing = [p for p in ("attention_mask", "position_embeddings") if p not in params]
@@ -182,8 +242,8 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
             problem = f"its decoder layer {type(layers[0]).__name__} has no `input_layernorm`"
     if problem:
         raise NotImplementedError(
-            f"EAGLE heads do not support the {model_type!r} architecture ({type(model).__name__}): {problem}. "
-            "Supported: Llama-style decoders with RoPE (llama, mistral, qwen2, qwen3, gemma2, phi3, ...)."
+            f"a draft layer of the target's own {model_type!r} architecture ({type(model).__name__}) is not "
+            f"supported: {problem}; use heads.options.draft_layer: llama (a Llama layer, for any target)"
         )
     layer = layers[0]
     layer.input_layernorm = nn.Identity()
@@ -194,8 +254,34 @@ def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
     return logits if not cap else torch.tanh(logits / cap) * cap
 
 
+def target_logit_transform(target_config: dict[str, Any]) -> tuple[float, float | None]:
+    """(scale, soft-cap) the target applies to ``lm_head(h)``: logits = softcap(scale · lm_head(h)).
+
+    Cohere multiplies by ``logit_scale``, Granite divides by ``logits_scaling``, Gemma2 soft-caps with
+    ``final_logit_softcapping``; (1.0, None) for the rest.
+    """
+    tc = target_config_object(target_config)
+    scale = float(getattr(tc, "logit_scale", None) or 1.0)
+    if getattr(tc, "logits_scaling", None):
+        scale /= float(tc.logits_scaling)
+    return scale, getattr(tc, "final_logit_softcapping", None)
+
+
+def build_layer(config: HeadConfig) -> tuple[nn.Module, nn.Module, Any]:
+    """The (layer, rotary, layer config) ``config.draft_layer`` names, checked against ``hidden_size``."""
+    if config.draft_layer == "llama":
+        layer, rotary, layer_config = build_llama_layer(draft_llama_config(config))
+    else:
+        layer, rotary, layer_config = build_draft_layer(config.target_config)
+    if layer_config.hidden_size != config.hidden_size:
+        raise ValueError(
+            f"the draft layer's hidden_size {layer_config.hidden_size} != the heads' hidden_size {config.hidden_size}"
+        )
+    return layer, rotary, layer_config
+
+
 class EagleHead(HubMixin, nn.Module):
-    """``fc`` + one decoder layer of the target's architecture; see the module docstring."""
+    """``fc`` + one decoder layer (Llama, or the target's own); see the module docstring."""
 
     def __init__(self, config: EagleConfig) -> None:
         super().__init__()
@@ -206,18 +292,14 @@ class EagleHead(HubMixin, nn.Module):
             )
         self.config = config
         H = config.hidden_size
-        layer, rotary, layer_config = build_draft_layer(config.target_config)
-        if layer_config.hidden_size != H:
-            raise ValueError(
-                f"target_config hidden_size {layer_config.hidden_size} != EagleConfig.hidden_size {H}"
-            )
+        layer, rotary, layer_config = build_layer(config)
         self.layer_config = layer_config
         self.fc = nn.Linear(2 * H, H, bias=config.bias)
         self.layers = nn.ModuleList([layer])  # keys `layers.0.*`, as EAGLE-1 checkpoints name them
         # RoPE tables: kept out of the module tree so `.to(bfloat16)` never rounds inv_freq (its buffers are
         # non-persistent anyway, so nothing of it is saved); moved to the input's device on first use.
         self.__dict__["rotary_emb"] = rotary
-        self.logit_softcap: float | None = getattr(layer_config, "final_logit_softcapping", None)
+        self.logit_scale, self.logit_softcap = target_logit_transform(config.target_config)
         params = inspect.signature(layer.forward).parameters
         self._cache_kwarg = next(p for p in _CACHE_KWARGS if p in params)
 
@@ -289,8 +371,10 @@ class EagleHead(HubMixin, nn.Module):
         )
 
     def logits(self, feats: Tensor, lm_head: nn.Module) -> Tensor:
-        """feats: [..., H] -> float32 logits [..., V] through the target's lm_head (and its soft-cap)."""
-        return soft_cap(lm_head(feats.to(lm_head.weight.dtype)).float(), self.logit_softcap)
+        """feats: [..., H] -> float32 logits [..., V] through the target's lm_head (and its scale, soft-cap)."""
+        return soft_cap(
+            lm_head(feats.to(lm_head.weight.dtype)).float() * self.logit_scale, self.logit_softcap
+        )
 
 
 def eagle_train_forward(
@@ -337,7 +421,14 @@ def eagle_train_forward(
         scored[:, :-1] &= attention_mask[:, 2:].bool()
         scored &= pair_mask
     return eagle_loss(
-        pred, f[:, 1:].detach(), lm_head, scored, cfg.w_reg, cfg.w_cls, softcap=inner.logit_softcap
+        pred,
+        f[:, 1:].detach(),
+        lm_head,
+        scored,
+        cfg.w_reg,
+        cfg.w_cls,
+        softcap=inner.logit_softcap,
+        logit_scale=inner.logit_scale,
     )
 
 
@@ -350,16 +441,18 @@ def eagle_loss(
     w_cls: float = 0.1,
     target_logits: Tensor | None = None,
     softcap: float | None = None,
+    logit_scale: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE loss over aligned predictions.
 
     pred_feats: [B, T, H] f̂ (with gradient); target_feats: [B, T, H] the f it should equal.
     lm_head: the target's lm_head (draft logits, and target logits unless ``target_logits`` is given).
     loss_mask: [B, T] bool/0-1, positions to score. target_logits: optional [B, T, V] target logits
-    aligned with ``target_feats`` (already soft-capped). softcap: the target's final-logit soft-cap.
+    aligned with ``target_feats`` (already scaled and soft-capped). softcap, logit_scale: the target's
+    final-logit soft-cap and scale (`target_logit_transform`).
 
     loss = w_reg · mean_n SmoothL1(f̂_n, f_n) (mean over H) + w_cls · mean_n CE(softmax(z_n), log_softmax(ẑ_n))
-    with z = target logits, ẑ = softcap(lm_head(f̂)), over the N scored positions (0 if N = 0, still
+    with z = target logits, ẑ = softcap(scale · lm_head(f̂)), over the N scored positions (0 if N = 0, still
     connected to the graph). metrics (detached scalars): ``loss``, ``loss_reg``, ``loss_cls``, ``top1``
     (fraction where argmax ẑ == argmax z) and ``count`` (N); weight by ``count`` to combine batches.
     """
@@ -369,12 +462,12 @@ def eagle_loss(
     n = pred.shape[0]
     denom = max(n, 1)
     reg = F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1).sum() / denom
-    draft_logits = soft_cap(lm_head(pred.to(lm_head.weight.dtype)).float(), softcap)  # [N, V]
+    draft_logits = soft_cap(lm_head(pred.to(lm_head.weight.dtype)).float() * logit_scale, softcap)  # [N, V]
     with torch.no_grad():
         if target_logits is not None:
             tl = target_logits[valid].float()
         else:
-            tl = soft_cap(lm_head(tgt.to(lm_head.weight.dtype)).float(), softcap)
+            tl = soft_cap(lm_head(tgt.to(lm_head.weight.dtype)).float() * logit_scale, softcap)
         tp = torch.softmax(tl, -1)
     cls = -(tp * torch.log_softmax(draft_logits, -1)).sum(-1).sum() / denom
     loss = w_reg * reg + w_cls * cls

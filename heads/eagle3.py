@@ -11,18 +11,25 @@ test", TTT) so that it sees at training time the inputs it gets at inference.
     draft logits for x_{k+2} = lm_head(norm(o_k))       own norm and lm_head: [H -> draft_vocab]
 
 **Aux layer ids** index the HF ``hidden_states`` tuple: id ``i`` is the *input* of decoder layer ``i``
-(0 = the embedding output, ``L`` would be the final-normed output and is not allowed). The default is
-EAGLE-3's ``(2, L//2, L-3)``. Engines differ: vLLM's ``eagle_aux_hidden_state_layer_ids`` uses these
-numbers as-is, SGLang adds 1 to the configured ids; exporting converts (DESIGN.md §8). Targets with
-fewer than 4 layers, where ``L-3`` is not the input of a real layer, clamp each default id into
-``[0, L-1]`` and sort them (L=3: (0, 1, 2); L=2: (0, 1, 1); L=1: (0, 0, 0)). From 4 layers on the
-formula is used unchanged, even where it is not increasing (L=4: (2, 2, 1)), as EAGLE-3 does.
+(0 = the embedding output; ``L`` would be the final-normed output, which neither engine captures, and is
+not allowed). vLLM's ``eagle_aux_hidden_state_layer_ids`` uses these numbers as-is (id k =
+``hidden_states[k]``); SGLang captures the output of layer j = selfspec id j + 1, so selfspec id i is
+SGLang id i - 1 >= -1; exporting converts. Both engines capture the three in increasing layer order, so
+the ids must be distinct and strictly increasing, inside ``[0, L-1]`` (checked by `Eagle3Config`, one-line
+``ValueError``). The default is EAGLE-3's ``(2, L//2, L-3)`` where that is strictly increasing (L >= 7),
+else ``(0, L//2, L-1)`` (L = 3..6: (0,1,2), (0,2,3), (0,2,4), (0,3,5)). A 1- or 2-layer target has
+fewer than 3 distinct layer inputs (fc is 3H -> H): its ids repeat ((0, 0, 0), (0, 1, 1)) with a
+warning that no engine serves such heads; heads saved before ids were checked load with a warning.
 
-**The layer**: one decoder layer of the target's own architecture (built by
-`heads.eagle.build_draft_layer`, so RoPE, head_dim, q/k norms, biases and soft-capping match), with
-q/k/v (or Phi-3's fused qkv) projections widened to take 2H, and its ``input_layernorm`` replaced by
-the fusion ``cat(input_norm(emb), hidden_norm(g))``; the residual stream is the fused g. The three
-norms (``input_norm``, ``hidden_norm``, final ``norm``) are copies of the architecture's own norm.
+**The layer** (``Eagle3Config.draft_layer``, see `heads.draft_layer`): a Llama decoder layer sized from
+the target (``"llama"``, the default, as SpecForge and speculators build it), or one decoder layer of the
+target's own architecture (``"target"``, built by `heads.eagle.build_draft_layer`, so RoPE, head_dim,
+q/k norms, biases and soft-capping match; the layer needs a ``post_attention_layernorm``, which Cohere's
+and Phi's parallel blocks lack). Its q/k/v (or Phi-3's fused qkv) projections are widened to take 2H,
+and its ``input_layernorm`` is replaced by the fusion ``cat(input_norm(emb), hidden_norm(g))``; the
+residual stream is the fused g. The three norms (``input_norm``, ``hidden_norm``, final ``norm``) are
+copies of the layer's own post-attention norm. Embeddings: as `heads.eagle` (the target's embedding
+module's output; Gemma's sqrt(H) scale is nearly cancelled by ``input_norm``, exactly so up to its eps).
 The layer's attention kernel is `eagle3_attention` (plain softmax attention that also does the TTT
 "diagonal" keys), used both in training and at inference, so the two compute the same function.
 
@@ -44,10 +51,13 @@ identity. The checkpoint holds ``fc.*``, ``input_norm.*``, ``hidden_norm.*``, ``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import inspect
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -55,11 +65,13 @@ from torch import Tensor, nn
 from heads.base import HeadConfig, register
 from heads.eagle import (
     _CACHE_KWARGS,
-    build_draft_layer,
+    build_layer,
     causal_mask,
     check_target_arch,
+    resolve_draft_layer,
     target_config_dict,
     validate_target_config,
+    with_legacy_draft_layer,
 )
 from heads.graft import TargetOutput
 from heads.hub import HubMixin
@@ -68,14 +80,58 @@ ATTN_IMPLEMENTATION = "selfspec_eagle3"
 _QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 
 
+# True while `Eagle3Config.from_dict` reads a config saved before aux ids were checked (see `check_aux_ids`).
+_LEGACY_AUX_IDS = contextvars.ContextVar("selfspec_legacy_aux_ids", default=False)
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's ``(2, L//2, L-3)`` as ``hidden_states`` indices; for L < 4 clamped into [0, L-1] and sorted."""
+    """EAGLE-3's ``(2, L//2, L-3)`` as ``hidden_states`` indices where it is strictly increasing (L >= 7),
+    else ``(0, L//2, L-1)``: distinct for every L >= 3; L = 2: (0, 1, 1), L = 1: (0, 0, 0)."""
     if num_layers < 1:
         raise ValueError(f"the target needs at least one layer, got {num_layers}")
-    ids = [2, num_layers // 2, num_layers - 3]
-    if num_layers < 4:
-        ids = sorted(min(max(i, 0), num_layers - 1) for i in ids)
+    L = num_layers
+    ids = [2, L // 2, L - 3]
+    if not ids[0] < ids[1] < ids[2]:
+        ids = [0, L // 2, L - 1]
     return ids
+
+
+def check_aux_ids(ids: list[int], L: int) -> None:
+    """Raise ``ValueError`` (one line) unless ``ids`` are 3 distinct, strictly increasing inputs of layers of an
+    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there
+    (and for heads saved before this check) a non-decreasing repeat only warns that no engine serves it."""
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad:
+        raise ValueError(
+            f"aux_layer_ids {ids}: {bad} out of range; ids index HF hidden_states as "
+            f"inputs of decoder layers, so 0 <= id <= {L - 1} for this {L}-layer target"
+        )
+    if ids[0] < ids[1] < ids[2]:
+        return
+    legacy = _LEGACY_AUX_IDS.get()
+    if (L < 3 and ids == sorted(ids)) or legacy:
+        why = (
+            f"a {L}-layer target has no 3 distinct layer inputs" if L < 3 else "saved before ids were checked"
+        )
+        warnings.warn(
+            f"aux_layer_ids {ids} are not strictly increasing ({why}): these EAGLE-3 heads run in "
+            "infer.generate, but vLLM and SGLang capture distinct layers in increasing order and cannot serve them",
+            stacklevel=4,
+        )
+        return
+    raise ValueError(
+        f"aux_layer_ids {ids} must be distinct and strictly increasing (low < mid < high): the engines "
+        f"capture the layers in increasing order; e.g. {default_aux_layer_ids(L)} for this {L}-layer target"
+    )
+
+
+@contextlib.contextmanager
+def _legacy_aux_ids():
+    token = _LEGACY_AUX_IDS.set(True)
+    try:
+        yield
+    finally:
+        _LEGACY_AUX_IDS.reset(token)
 
 
 @dataclass
@@ -83,8 +139,11 @@ class Eagle3Config(HeadConfig):
     """EAGLE-3 head config.
 
     target_config: the target's text config as a dict (as `heads.eagle.EagleConfig`).
-    aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low/mid/high); None =
-        `default_aux_layer_ids` (resolved as soon as ``target_config`` is known, and saved resolved).
+    draft_layer, draft_layer_config: the draft decoder layer, as `heads.eagle.EagleConfig` (``"llama"``
+        by default; a config.json without the key loads as ``"target"``).
+    aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low < mid < high,
+        see `check_aux_ids`); None = `default_aux_layer_ids` (resolved as soon as ``target_config`` is
+        known, and saved resolved).
     draft_vocab_size: size of the draft's own vocabulary; None (or the target's vocab size) = no mapping.
     ttt_steps: training-time-test unroll length K; step_weight: step j's loss weight is step_weight**j.
     noise: training-time augmentation of the target features, a + U(-noise, noise); 0 (default) disables
@@ -93,6 +152,8 @@ class Eagle3Config(HeadConfig):
 
     head_type: ClassVar[str] = "eagle3"
     target_config: dict[str, Any] = field(default_factory=dict)
+    draft_layer: Literal["llama", "target"] = "llama"
+    draft_layer_config: dict[str, Any] | None = None
     aux_layer_ids: list[int] | None = None
     draft_vocab_size: int | None = None
     ttt_steps: int = 7
@@ -102,6 +163,7 @@ class Eagle3Config(HeadConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_target_config(self.target_config)
+        resolve_draft_layer(self)
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
         if not self.step_weight > 0:
@@ -125,17 +187,24 @@ class Eagle3Config(HeadConfig):
             return
         if self.aux_layer_ids is None:
             self.aux_layer_ids = default_aux_layer_ids(L)
-        bad = [i for i in self.aux_layer_ids if not 0 <= i < L]
-        if bad:
-            raise ValueError(
-                f"aux_layer_ids {self.aux_layer_ids}: {bad} out of range; ids index HF hidden_states as "
-                f"inputs of decoder layers, so 0 <= id <= {L - 1} for this {L}-layer target"
-            )
+        check_aux_ids(self.aux_layer_ids, L)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        """As `HeadConfig.from_dict`. A config saved before ``draft_layer`` existed loads as ``"target"``,
+        and its aux ids, saved before they were checked, only warn if they repeat or are out of order."""
+        if "draft_layer" in d:
+            return super().from_dict(d)
+        with _legacy_aux_ids():
+            return super().from_dict(with_legacy_draft_layer(d))
 
     @property
     def num_target_layers(self) -> int | None:
-        n = self.target_config.get("num_hidden_layers")
-        return int(n) if n is not None else None
+        for key in ("num_hidden_layers", "n_layer"):  # GPT-2's config says n_layer
+            n = self.target_config.get(key)
+            if n is not None:
+                return int(n)
+        return None
 
     @property
     def draft_vocab(self) -> int:
@@ -277,7 +346,7 @@ class _FusedInput(nn.Module):
 
 
 class Eagle3Head(HubMixin, nn.Module):
-    """``fc`` + one widened decoder layer of the target's architecture + own norm and lm_head; see the
+    """``fc`` + one widened decoder layer (Llama, or the target's own) + own norm and lm_head; see the
     module docstring."""
 
     def __init__(self, config: Eagle3Config) -> None:
@@ -289,10 +358,13 @@ class Eagle3Head(HubMixin, nn.Module):
             )
         self.config = config
         H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab
-        layer, rotary, layer_config = build_draft_layer(config.target_config)
-        if layer_config.hidden_size != H:
-            raise ValueError(
-                f"target_config hidden_size {layer_config.hidden_size} != Eagle3Config.hidden_size {H}"
+        layer, rotary, layer_config = build_layer(config)
+        norm = getattr(layer, "post_attention_layernorm", None)  # the layer's norm class, eps and init
+        if not isinstance(norm, nn.Module):
+            raise NotImplementedError(
+                f"EAGLE-3 with the target's own {type(layer).__name__} (draft_layer: target) needs a "
+                "post_attention_layernorm, which its parallel attention/MLP block lacks; use "
+                "heads.options.draft_layer: llama"
             )
         _register_attention()
         layer_config._attn_implementation = ATTN_IMPLEMENTATION  # the layer's attention reads it per call
@@ -313,7 +385,6 @@ class Eagle3Head(HubMixin, nn.Module):
             raise NotImplementedError(
                 f"EAGLE-3: {type(attn).__name__} has none of {_QKV_NAMES} to widen to 2H inputs"
             )
-        norm = layer.post_attention_layernorm  # the architecture's norm class, eps and init
         self.fc = nn.Linear(3 * H, H, bias=False)
         self.input_norm = copy.deepcopy(norm)
         self.hidden_norm = copy.deepcopy(norm)

@@ -461,7 +461,7 @@ def model_card_text(
             "model is on your machine (or its Hub id).",
             "",
         ]
-    skip = {"head_type", "target_config", "selfspec_version"}
+    skip = {"head_type", "target_config", "draft_layer_config", "selfspec_version"}  # dicts stay in the json
     lines += ["## Heads", "", f"- head type: `{head_type}`", f"- base model: `{base}`"]
     tcfg = config.get("target_config") or {}
     if tcfg:

@@ -15,6 +15,15 @@ import pytest
 import torch
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
+# Architectures the EAGLE heads' Llama draft layer (heads.options.draft_layer: llama) is tested on:
+# ARCHS, plus GPT-NeoX, Falcon, OLMo-2, Cohere, Phi (phi-1/2), StarCoder2, Granite, two mixture-of-experts
+# targets, Gemma-3 text (mixed sliding / full layers, a window shorter than the test contexts) and
+# EXAONE-4 (post-norm layers with q/k norms, sliding / full).
+DRAFT_ARCHS = [
+    *ARCHS,
+    *("gpt_neox", "falcon", "olmo2", "cohere", "phi", "starcoder2", "granite"),
+    *("qwen2_moe", "mixtral", "gemma3_text", "exaone4"),
+]
 
 
 def tiny_config(arch: str, vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 2, seed: int = 0):
@@ -44,6 +53,73 @@ def tiny_config(arch: str, vocab_size: int = 96, hidden_size: int = 32, num_laye
         return tf.Gemma2Config(**heads, head_dim=hidden_size // 4, sliding_window=256, **common)
     if arch == "phi3":
         return tf.Phi3Config(**heads, **common)
+    return _draft_only_config(arch, heads, common)
+
+
+def _draft_only_config(arch: str, heads: dict, common: dict):
+    """Tiny configs of the architectures only `DRAFT_ARCHS` uses (each with its characteristic options)."""
+    import transformers as tf
+
+    H = heads["hidden_size"]
+    mha = {k: v for k, v in heads.items() if k != "num_key_value_heads"}
+    if arch == "gpt_neox":  # partial rotary (25%), parallel residual, LayerNorm
+        return tf.GPTNeoXConfig(**mha, **common)
+    if arch == "falcon":  # Falcon-7B style: multi-query attention, parallel attention + MLP
+        return tf.FalconConfig(
+            hidden_size=H,
+            num_hidden_layers=heads["num_hidden_layers"],
+            num_attention_heads=4,
+            multi_query=True,
+            parallel_attn=True,
+            max_position_embeddings=256,
+            **common,
+        )
+    if arch == "olmo2":  # norms after attention and MLP, q/k norms
+        return tf.Olmo2Config(**heads, **common)
+    if arch == "cohere":  # parallel block, LayerNorm without bias, tied lm_head, logit_scale; a wider init
+        # (the tied 0.02-std embedding is the lm_head) so that a random model's logits are not flat
+        return tf.CohereConfig(**heads, logit_scale=0.5, initializer_range=0.2, **common)
+    if arch == "phi":  # phi-1/2: partial rotary (50%), parallel block, dense + fc1/fc2
+        return tf.PhiConfig(**heads, **common)
+    if arch == "starcoder2":  # LayerNorm, biases, GELU MLP
+        return tf.Starcoder2Config(**heads, sliding_window=None, **common)
+    if arch == "granite":  # embedding / residual / attention / logit multipliers
+        return tf.GraniteConfig(
+            **heads,
+            embedding_multiplier=4.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.2,
+            logits_scaling=2.0,
+            **common,
+        )
+    if arch == "qwen2_moe":  # routed experts + a shared expert
+        return tf.Qwen2MoeConfig(
+            **heads,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=H,
+            shared_expert_intermediate_size=H,
+            **common,
+        )
+    if arch == "mixtral":
+        return tf.MixtralConfig(**heads, num_local_experts=4, num_experts_per_tok=2, **common)
+    if arch == "gemma3_text":  # sliding and full layers, window (8) shorter than the test contexts
+        return tf.Gemma3TextConfig(
+            **heads,
+            head_dim=H // 4,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * (heads["num_hidden_layers"] // 2)
+            + ["sliding_attention"] * (heads["num_hidden_layers"] % 2),
+            **common,
+        )
+    if arch == "exaone4":  # post-norm layers (no input norm), q/k norms, sliding and full layers
+        return tf.Exaone4Config(
+            **heads,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * (heads["num_hidden_layers"] // 2)
+            + ["full_attention"] * (heads["num_hidden_layers"] % 2),
+            **common,
+        )
     raise ValueError(arch)
 
 

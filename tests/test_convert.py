@@ -409,7 +409,7 @@ def test_import_eagle1_missing_fc_bias(tmp_path):
 
 def test_import_eagle3_midlayer_checkpoint_and_generate(tmp_path):
     """An HF/SGLang EAGLE-3 checkpoint (midlayer.*, SGLang aux ids) drives infer.generate losslessly."""
-    ref = eagle3((2, 2, 3))
+    ref = eagle3((1, 2, 3))
     g = {k: v for k, v in ref.state_dict().items()}
     sd = {"fc.weight": g["fc.weight"], "norm.weight": g["norm.weight"], "lm_head.weight": g["lm_head.weight"]}
     sd.update({k: v for k, v in g.items() if k.startswith("midlayer.")})
@@ -422,11 +422,11 @@ def test_import_eagle3_midlayer_checkpoint_and_generate(tmp_path):
         "architectures": ["LlamaForCausalLMEagle3"],
         **LLAMA_DRAFT_CONFIG,
         "draft_vocab_size": VD,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 2], "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
     }
     json.dump(cfg, open(tmp_path / "config.json", "w"))
     head = load_heads(str(tmp_path), target())
-    assert head.aux_layer_ids == (2, 2, 3)  # SGLang id j = output of layer j = hidden_states[j + 1]
+    assert head.aux_layer_ids == (1, 2, 3)  # SGLang id j = output of layer j = hidden_states[j + 1]
     assert same(eagle3_logits(head, IDS), eagle3_logits(ref, IDS))
     m = target()
     ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(10))

@@ -34,7 +34,10 @@ def target(arch: str):
 
 
 def fresh_head(arch: str, seed: int = 1, **kw) -> EagleHead:
+    """A head with the target's own layer (``draft_layer: target``, what this module tests; the Llama layer
+    is tested on many architectures in test_draft_layer.py)."""
     torch.manual_seed(seed)
+    kw.setdefault("draft_layer", "target")
     return EagleHead.for_target(target(arch), **kw).eval()
 
 
@@ -88,7 +91,7 @@ def test_layer_config_follows_unusual_target():
         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
     )
     m = AutoModelForCausalLM.from_config(cfg).eval()
-    head = EagleHead.for_target(m)
+    head = EagleHead.for_target(m, draft_layer="target")
     lc = head.layer_config
     assert lc.rope_parameters["rope_theta"] == 50000.0 and lc.rope_parameters["factor"] == 2.0
     assert lc.head_dim == 8 and lc.attention_bias is True
@@ -113,8 +116,8 @@ def test_embedding_is_what_the_target_decoder_sees():
 
 
 def test_unsupported_architecture_is_named():
-    with pytest.raises(NotImplementedError, match="gpt2"):
-        EagleHead.for_target(tiny_model("gpt2"))
+    with pytest.raises(NotImplementedError, match="'gpt2'.*draft_layer: llama"):
+        EagleHead.for_target(tiny_model("gpt2"), draft_layer="target")
 
 
 def test_config_validation():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -34,7 +35,12 @@ ARCHS = ["llama", "qwen3", "gemma2", "mistral", "phi3"]
 V, H, VD = 96, 32, 64
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    # the 2-layer tiny targets have only 2 layer inputs, so their aux ids repeat a layer: that warning
+    # (tested in test_default_layer_ids) would otherwise repeat for every head built here
+    pytest.mark.filterwarnings("ignore:aux_layer_ids .* not strictly increasing:UserWarning"),
+]
 
 
 @functools.cache
@@ -43,7 +49,10 @@ def target(arch: str, num_layers: int = 2):
 
 
 def fresh_head(arch: str, seed: int = 1, **kw) -> Eagle3Head:
+    """A head with the target's own layer (``draft_layer: target``, what this module tests; the Llama layer
+    is tested on many architectures in test_draft_layer.py)."""
     torch.manual_seed(seed)
+    kw.setdefault("draft_layer", "target")
     return Eagle3Head.for_target(target(arch), **kw).eval()
 
 
@@ -86,23 +95,58 @@ def test_config_defaults_and_validation():
 
 
 def test_default_layer_ids():
-    """EAGLE-3's (2, L//2, L-3) from 4 layers on, unchanged; below that clamped into [0, L-1] and sorted."""
+    """EAGLE-3's (2, L//2, L-3) where strictly increasing (L >= 7), else (0, L//2, L-1): distinct from 3
+    layers on; 1- and 2-layer targets repeat (and warn)."""
     assert default_aux_layer_ids(32) == [2, 16, 29]
     assert default_aux_layer_ids(80) == [2, 40, 77]
     assert default_aux_layer_ids(12) == [2, 6, 9]
-    assert default_aux_layer_ids(4) == [2, 2, 1]
+    assert default_aux_layer_ids(7) == [2, 3, 4]
+    assert default_aux_layer_ids(6) == [0, 3, 5]
+    assert default_aux_layer_ids(4) == [0, 2, 3]
     assert default_aux_layer_ids(3) == [0, 1, 2]
     assert default_aux_layer_ids(2) == [0, 1, 1]
     assert default_aux_layer_ids(1) == [0, 0, 0]
-    for L in range(1, 50):
-        assert all(0 <= i < L for i in default_aux_layer_ids(L))
+    for L in range(1, 200):
+        ids = default_aux_layer_ids(L)
+        assert all(0 <= i < L for i in ids)
+        assert L < 3 or ids[0] < ids[1] < ids[2], (L, ids)
+        if L >= 3:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # accepted without a warning
+                Eagle3Config(target_config={"model_type": "llama", "num_hidden_layers": L})
+    with pytest.warns(UserWarning, match="cannot serve"):
+        assert Eagle3Config(target_config={"model_type": "llama", "num_hidden_layers": 2}).aux_layer_ids == [
+            0,
+            1,
+            1,
+        ]
+
+
+def test_aux_ids_validated():
+    """Distinct, strictly increasing, inside [0, L-1]; one-line ValueErrors before anything is built."""
+    tc = {"model_type": "llama", "num_hidden_layers": 6}
+    for ids, msg in [
+        ([2, 2, 3], "strictly increasing"),  # a repeat: engines capture each layer once
+        ([3, 1, 4], "strictly increasing"),  # out of order: engines capture in sorted order
+        ([1, 2, 6], "out of range"),  # 6 = the final-normed output, which no engine captures
+    ]:
+        with pytest.raises(ValueError, match=msg) as e:
+            Eagle3Config(target_config=tc, aux_layer_ids=ids)
+        assert "\n" not in str(e.value)
+    assert Eagle3Config(target_config=tc, aux_layer_ids=[0, 1, 5]).aux_layer_ids == [0, 1, 5]
+    # heads saved before the check (no draft_layer key) still load, with a warning
+    old = {"head_type": "eagle3", "target_config": tc, "aux_layer_ids": [2, 3, 3]}
+    with pytest.warns(UserWarning, match="saved before"):
+        assert Eagle3Config.from_dict(old).aux_layer_ids == [2, 3, 3]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        Eagle3Config.from_dict({**old, "draft_layer": "target"})
 
 
 def test_aux_ids_are_decoder_layer_inputs():
     """aux id i = HF hidden_states[i] = the input of decoder layer i (checked with forward pre-hooks)."""
     m = target("llama", 6)
     head = Eagle3Head.for_target(m)
-    assert head.aux_layer_ids == (2, 3, 3)
+    assert head.aux_layer_ids == (0, 3, 5)
     seen = {}
 
     def hook(i):

@@ -70,9 +70,11 @@ class HeadsConfig:
     ``type`` picks the head family from the registry in `heads.base`. ``num_heads``, ``num_layers``
     and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
     that name); ``options`` holds any further keyword of the head type's config class, so new head
-    types need no change here. EAGLE-1/2 (``type: eagle``): ``w_reg``, ``w_cls``, ``noise``, ``bias``.
-    EAGLE-3 (``type: eagle3``): ``draft_vocab_size``, ``ttt_steps``, ``step_weight``, ``noise``,
-    ``aux_layer_ids``. The target's sizes and config are filled in from the target itself.
+    types need no change here. EAGLE-1/2 (``type: eagle``): ``draft_layer``, ``w_reg``, ``w_cls``,
+    ``noise``, ``bias``. EAGLE-3 (``type: eagle3``): ``draft_layer``, ``draft_vocab_size``, ``ttt_steps``,
+    ``step_weight``, ``noise``, ``aux_layer_ids``. ``draft_layer``: ``llama`` (default; a Llama decoder
+    layer sized from the target, which vLLM and SGLang serve for any target) or ``target`` (a layer of
+    the target's own architecture). The target's sizes and config are filled in from the target itself.
     """
 
     type: str = "medusa"
@@ -110,7 +112,13 @@ class HeadsConfig:
                 kwargs[f.name] = value
             elif value != f.default:
                 raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
-        reserved = {"hidden_size", "vocab_size", "base_model_name_or_path", "target_config"}
+        reserved = {
+            "hidden_size",
+            "vocab_size",
+            "base_model_name_or_path",
+            "target_config",
+            "draft_layer_config",
+        }
         reserved |= {"target_adapter", "target_adapter_sha256"}  # set from the target (target.adapter)
         reserved |= {"target_architecture", "target_model_type", "target_fingerprint"}  # set from the target
         bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
