@@ -171,17 +171,21 @@ def _short(v: Any, n: int = 60) -> str:
 
 def check_sizes(raw: dict[str, Any], where: str) -> None:
     """Raise ``ValueError`` unless every size in a heads ``config.json`` dict is an int within `LIMITS`
-    (``draft_vocab_size`` may be null), and those of its ``target_config`` within `TARGET_CONFIG_LIMITS`."""
+    (``draft_vocab_size`` may be null), and those of its ``target_config`` and ``draft_layer_config``
+    within `TARGET_CONFIG_LIMITS`."""
     for key, (lo, hi) in LIMITS.items():
         if key in raw:
             _check_range(where, key, raw[key], lo, hi, nullable=key == "draft_vocab_size")
-    tc = raw.get("target_config")
-    if isinstance(tc, dict):
+    # EAGLE heads rebuild their layer from one of these two dicts (draft_layer: target | llama)
+    for name in ("target_config", "draft_layer_config"):
+        tc = raw.get(name)
+        if not isinstance(tc, dict):
+            continue
         if "auto_map" in tc:  # the draft layer is rebuilt from this config: never from remote code
-            raise ValueError(f"{where}: target_config.auto_map names remote model code; it is refused")
+            raise ValueError(f"{where}: {name}.auto_map names remote model code; it is refused")
         for key, (lo, hi) in TARGET_CONFIG_LIMITS.items():
             if key in tc:
-                _check_range(where, f"target_config.{key}", tc[key], lo, hi, nullable=key == "head_dim")
+                _check_range(where, f"{name}.{key}", tc[key], lo, hi, nullable=key == "head_dim")
 
 
 def header_shapes(path: str) -> dict[str, tuple[int, ...]]:

@@ -267,20 +267,22 @@ def test_config_sizes_are_bounded_and_checked_against_the_header(target, tmp_pat
     _one_line(e)
 
 
-def test_eagle_target_config_sizes_are_bounded_and_match_the_header(target, tmp_path):
-    save_heads(EagleHead.for_target(target), str(tmp_path))
+@pytest.mark.parametrize("draft_layer", ["target", "llama"])
+def test_eagle_target_config_sizes_are_bounded_and_match_the_header(target, tmp_path, draft_layer):
+    save_heads(EagleHead.for_target(target, draft_layer=draft_layer), str(tmp_path))
     cfg = json.loads((tmp_path / "config.json").read_text())
+    name = "target_config" if draft_layer == "target" else "draft_layer_config"  # what the layer is built from
     for key, value, message in [
-        ("intermediate_size", 10**9, r"'target_config.intermediate_size' must be an int in \[1, 1048576\]"),
+        ("intermediate_size", 10**9, rf"'{name}.intermediate_size' must be an int in \[1, 1048576\]"),
         (
             "intermediate_size",
             128,
             r"does not match eagle heads .*shapes differ: \[layers.0.mlp.down_proj.weight",
         ),
-        ("num_attention_heads", True, r"'target_config.num_attention_heads' must be an int"),
-        ("auto_map", {"AutoModelForCausalLM": "x.Y"}, r"target_config.auto_map names remote model code"),
+        ("num_attention_heads", True, rf"'{name}.num_attention_heads' must be an int"),
+        ("auto_map", {"AutoModelForCausalLM": "x.Y"}, rf"{name}.auto_map names remote model code"),
     ]:
-        _edit_config(tmp_path, target_config=cfg["target_config"] | {key: value})
+        _edit_config(tmp_path, **{name: cfg[name] | {key: value}})
         with pytest.raises(ValueError, match=message) as e:
             load_heads(str(tmp_path), target)
         _one_line(e)
