@@ -413,7 +413,7 @@ class Eagle3Head(HubMixin, nn.Module):
                 return self.lm_head(self.norm(torch.stack(outs)))
             if len(rows) != ttt_steps:
                 raise ValueError(f"rows needs one mask per TTT step ({ttt_steps}), got {len(rows)}")
-            picked = torch.cat([o[:, : r.shape[1]][r] for o, r in zip(outs, rows)])  # [M, H]
+            picked = torch.cat([o[:, : r.shape[1]][r] for o, r in zip(outs, rows, strict=True)])
             return self.lm_head(self.norm(picked))
         B, T = input_ids.shape
         assert features.shape[:2] == (B, T), (input_ids.shape, features.shape)
@@ -594,16 +594,17 @@ def _packed_loss(
     p, target_top = _target_rows(target_logits, scored, t2d)
     z = z.float()
     ce = -(p * torch.log_softmax(z, dim=-1)).sum(-1)  # [M]
-    weights = [step_weight**j / max(m, 1) for j, m in enumerate(counts)]
-    w = torch.repeat_interleave(torch.tensor(weights, device=z.device), torch.tensor(counts, device=z.device))
-    total = (ce * w).sum()
+    n = torch.tensor(counts, device=z.device)
+    weights = torch.tensor([step_weight**j / max(m, 1) for j, m in enumerate(counts)], device=z.device)
+    total = (ce * torch.repeat_interleave(weights, n)).sum()
     with torch.no_grad():
         top = z.argmax(-1)
         hit = ((top + d2t[top]) == target_top).float()
         per = torch.zeros(2, K, device=z.device)
-        step_of = torch.repeat_interleave(torch.arange(K, device=z.device), torch.tensor(counts, device=z.device))
-        per.index_add_(1, step_of, torch.stack([ce.detach(), hit]))
-        count = torch.tensor(counts, dtype=torch.float32, device=z.device)
+        per.index_add_(
+            1, torch.repeat_interleave(torch.arange(K, device=z.device), n), torch.stack([ce, hit])
+        )
+        count = n.float()
         loss_step, acc = per / count.clamp(min=1)
     metrics = {
         "loss": total.detach(),
