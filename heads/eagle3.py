@@ -567,38 +567,83 @@ def ttt_scored(loss_mask: Tensor, attention_mask: Tensor | None, steps: int) -> 
     return out
 
 
-def _target_rows(target_logits: Tensor, scored: list[Tensor], t2d: Tensor) -> tuple[Tensor, Tensor]:
-    """The target side of the packed rows: (p [M, Vd] float32, argmax [M] over the full vocab).
+def _target_rows(target_logits: Tensor, scored: list[Tensor], t2d: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The target side of the packed rows: (p [R, Vd] float32, index [M] into p, argmax [M] over the full
+    vocab).
 
     Row r = step j at pair (b, k) reads target position (b, 1+j+k); p = softmax(target_logits[t2d]) is
-    computed once per distinct position, not once per step, then gathered to the rows.
+    computed once for each of the R distinct positions, not once per step.
     """
     B, T, V = target_logits.shape
     flat = [b * T + 1 + j + k for j, s in enumerate(scored) for b, k in [s.nonzero(as_tuple=True)]]
     flat = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.long, device=target_logits.device)
-    pos, inverse = torch.unique(flat, return_inverse=True)
+    pos, index = torch.unique(flat, return_inverse=True)
     with torch.no_grad():
-        tl = target_logits.reshape(B * T, V).index_select(0, pos)  # [R, V]
-        p = torch.softmax(tl.index_select(1, t2d.nonzero().view(-1)).float(), dim=-1)  # [R, Vd]
-        return p[inverse], tl.argmax(-1)[inverse]
+        tl = target_logits.reshape(B * T, V)
+        p = torch.softmax(tl.index_select(1, t2d.nonzero().view(-1))[pos].float(), dim=-1)  # [R, Vd]
+        return p, index, tl.argmax(-1)[pos][index]
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Weighted soft-label cross-entropy over row chunks.
+
+    forward(z [M, Vd], p [R, Vd], index [M], w [M]) -> (Σ_r w_r CE_r, CE [M], argmax z [M]) with
+    CE_r = -Σ_v p_{i_r,v} log softmax(z_r)_v = lse(z_r) Σ_v p_{i_r,v} - Σ_v p_{i_r,v} z_{r,v}, i = index;
+    backward: dz_r = g w_r (softmax(z_r) Σ_v p_{i_r,v} - p_{i_r}). The same function and gradient as
+    log_softmax + product + sum, but each chunk of rows (about 2 MB on CPU) is finished while it is in
+    cache and neither the [M, Vd] log-probabilities nor the targets gathered to the M rows exist.
+    """
+
+    @staticmethod
+    def _chunk(z: Tensor) -> int:
+        return max(1, (1 << 19 if z.device.type == "cpu" else 1 << 28) // max(z.shape[1], 1))
+
+    @staticmethod
+    def forward(ctx, z: Tensor, p: Tensor, index: Tensor, w: Tensor):
+        M, acc = z.shape[0], torch.promote_types(z.dtype, torch.float32)  # half-precision logits upcast
+        ce = torch.empty(M, device=z.device, dtype=acc)
+        lse = torch.empty(M, device=z.device, dtype=acc)
+        top = torch.empty(M, dtype=torch.long, device=z.device)
+        step = _SoftCrossEntropy._chunk(z)
+        for s in range(0, M, step):
+            zc, pc = z[s : s + step].to(acc), p.index_select(0, index[s : s + step])
+            lse[s : s + step] = torch.logsumexp(zc, dim=-1)
+            ce[s : s + step] = lse[s : s + step] * pc.sum(-1) - (pc * zc).sum(-1)
+            top[s : s + step] = zc.argmax(-1)
+        ctx.save_for_backward(z, p, index, w, lse)
+        ctx.mark_non_differentiable(ce, top)
+        return (ce * w).sum(), ce, top
+
+    @staticmethod
+    def backward(ctx, g: Tensor, *_):
+        z, p, index, w, lse = ctx.saved_tensors
+        grad = torch.empty_like(z)
+        gw = w * g
+        step = _SoftCrossEntropy._chunk(z)
+        for s in range(0, z.shape[0], step):
+            pc = p.index_select(0, index[s : s + step])
+            sm = (
+                (z[s : s + step].to(lse.dtype) - lse[s : s + step, None])
+                .exp_()
+                .mul_(pc.sum(-1, keepdim=True))
+            )
+            grad[s : s + step] = sm.sub_(pc).mul_(gw[s : s + step, None])
+        return grad, None, None, None
 
 
 def _packed_loss(
     z: Tensor, scored: list[Tensor], target_logits: Tensor, d2t: Tensor, t2d: Tensor, step_weight: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`eagle3_loss` on packed rows: z [M, Vd] draft logits of the scored rows, steps in order, rows of
-    step j in (b, k) order of ``scored[j]`` [B, n_j]. All steps share one log-softmax; step j's CE mean
-    becomes a per-row weight step_weight**j / M_j."""
+    step j in (b, k) order of ``scored[j]`` [B, n_j]. All steps share one cross-entropy pass
+    (`_SoftCrossEntropy`); step j's CE mean becomes the row weight step_weight**j / M_j."""
     K = len(scored)
     counts = [int(s.sum()) for s in scored]
-    p, target_top = _target_rows(target_logits, scored, t2d)
-    z = z.float()
-    ce = -(p * torch.log_softmax(z, dim=-1)).sum(-1)  # [M]
+    p, index, target_top = _target_rows(target_logits, scored, t2d)
     n = torch.tensor(counts, device=z.device)
     weights = torch.tensor([step_weight**j / max(m, 1) for j, m in enumerate(counts)], device=z.device)
-    total = (ce * torch.repeat_interleave(weights, n)).sum()
+    total, ce, top = _SoftCrossEntropy.apply(z, p, index, torch.repeat_interleave(weights, n))
     with torch.no_grad():
-        top = z.argmax(-1)
         hit = ((top + d2t[top]) == target_top).float()
         per = torch.zeros(2, K, device=z.device)
         per.index_add_(

@@ -360,6 +360,28 @@ def test_loss_alignment_and_mask():
     assert loss.item() == 0 and met["count"].sum() == 0 and met["simulated_accept_length"].item() == 1
 
 
+def test_soft_cross_entropy_matches_log_softmax(monkeypatch):
+    """The chunked loss kernel = -Σ p log_softmax(z) weighted, values and gradients (gradcheck in float64),
+    across several chunks, with targets indexed per row and not summing to exactly 1."""
+    from heads.eagle3 import _SoftCrossEntropy
+
+    monkeypatch.setattr(_SoftCrossEntropy, "_chunk", staticmethod(lambda z: 3))  # 7 rows: 3 chunks
+    g = torch.Generator().manual_seed(6)
+    z = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1) * 0.9
+    index = torch.tensor([0, 3, 3, 1, 2, 0, 1])
+    w = torch.rand(7, generator=g, dtype=torch.float64)
+    total, ce, top = _SoftCrossEntropy.apply(z, p, index, w)
+    ref = -(p[index] * torch.log_softmax(z, -1)).sum(-1)
+    assert (
+        torch.allclose(ce, ref) and torch.allclose(total, (ref * w).sum()) and torch.equal(top, z.argmax(-1))
+    )
+    (gz,) = torch.autograd.grad((ref * w).sum() * 1.7, z)
+    (gz2,) = torch.autograd.grad(_SoftCrossEntropy.apply(z, p, index, w)[0] * 1.7, z)
+    assert torch.allclose(gz, gz2)
+    assert torch.autograd.gradcheck(lambda z: _SoftCrossEntropy.apply(z, p, index, w)[0], (z,))
+
+
 def test_train_forward_shift():
     """The unroll's inputs: pairs (x_{k+1}, aux_k), step j reads x_{k+1+j}. The training path (draft
     logits of the scored rows only, packed) gives the loss, metrics and gradients of `eagle3_loss` over
