@@ -346,7 +346,16 @@ def _eagle3_layer_state(state: dict[str, Tensor], prefix: str) -> dict[str, Tens
 def eagle3_to_sglang(
     state: dict[str, Tensor], cfg: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """selfspec EAGLE-3 -> HF/SGLang ``LlamaForCausalLMEagle3`` with SGLang's aux ids (selfspec id - 1)."""
+    """selfspec EAGLE-3 -> HF/SGLang ``LlamaForCausalLMEagle3`` with SGLang's aux ids (selfspec id - 1).
+
+    Loaders: SGLang ``EAGLE3`` (and HF-layout trainers such as SpecForge). No ``target_hidden_size``: the
+    engines read it only to size ``fc`` (3 x it, else 3 x ``hidden_size``, the same here), while
+    SafeAILab's ``EaModel`` takes its presence to mean "the draft file holds the embedding" and would
+    keep a random one; without it, EaModel reads the embedding from the target's shard index
+    (``model.safetensors.index.json``; a single-file target has none and EaModel fails to load).
+    EaModel's target code captures the layers (2, L//2, L-3) whatever the config says, so it runs
+    heads trained with other ``aux_layer_ids`` on other features.
+    """
     tc = cfg["target_config"]
     check_llama_compatible(tc, "EAGLE-3 heads to sglang")
     ids = [int(i) for i in cfg["aux_layer_ids"]]
@@ -361,7 +370,6 @@ def eagle3_to_sglang(
         "architectures": ["LlamaForCausalLMEagle3"],
         **llama_draft_config(tc, H, V, _dtype_name(state)),
         "draft_vocab_size": int(state["lm_head.weight"].shape[0]),
-        "target_hidden_size": H,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
             "use_aux_hidden_state": True,
