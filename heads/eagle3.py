@@ -405,7 +405,8 @@ class Eagle3Head(HubMixin, nn.Module):
         DDP/DeepSpeed wrapper sees one forward. ``rows`` (training): K bool masks [B, n_j] (n_j <= N, the
         scored pairs of step j, `ttt_scored`); then only those rows go through the final norm and the
         lm_head, and the result is the packed [M, draft_vocab], step 0's rows first, each step's in
-        (b, k) order (`_ttt_rows`): the norm is per row, so this is the same function on fewer rows.
+        (b, k) order (as `_target_rows` reads them): the norm is per row, so this is the same function
+        on fewer rows.
         """
         if ttt_steps is not None:
             outs = self._ttt_outputs(input_ids, features, embed, attention_mask, ttt_steps)
