@@ -39,32 +39,32 @@ PARTS = (
 )
 
 
+class _DemoVocab:
+    """What `train.demo._llama_config` reads from the demo tokenizer (``<unk> <pad> <s> <|end|>`` first)."""
+
+    unk_token_id, pad_token_id, bos_token_id, eos_token_id = 0, 1, 2, 3
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
 def demo_like_target(dtype: torch.dtype, cache: str | None = None, seed: int = 0) -> tuple[nn.Module, str]:
     """The demo target (`train.demo`, size ``full``) if it is already built in the cache, else a randomly
     initialised ``LlamaForCausalLM`` with its exact config (same shapes, so the same cost per step).
     Returns (frozen model in ``dtype``, a sentence saying which)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from heads.graft import freeze, load_target
-    from train.demo import SPECS, cache_dir
+    from train.demo import SPECS, _llama_config, cache_dir
 
     path = os.path.join(cache or cache_dir(), f"demo-target-full-s{seed}")
     if os.path.isfile(os.path.join(path, "config.json")):
         return load_target(path, dtype=dtype), f"the demo target ({path})"
     spec = SPECS["full"]
-    config = LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        pad_token_id=1,
-    )
+    config = _llama_config(spec, _DemoVocab(spec.vocab_size))
     torch.manual_seed(seed)
     note = (
         f"a randomly initialised Llama with the demo target's config (train.demo SPECS['full']: "
