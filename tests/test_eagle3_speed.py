@@ -21,12 +21,14 @@ def test_split_and_interleave_on_a_tiny_target():
     head = Eagle3Head.for_target(target, draft_vocab_size=64, ttt_steps=3).train()
     batch = bench_batch(2, 24, 96, prompt=4)
     assert batch["loss_mask"][:, :4].sum() == 0 and batch["attention_mask"].all()
-    split = part_split(target, head, batch, steps=1)
+    split = part_split(target, head, batch, steps=2)
     assert list(split) == [*PARTS, "total"]
     assert all(split[p]["s"] >= 0 for p in PARTS if p != "draft logits + loss")
     assert sum(split[p]["s"] for p in PARTS) == pytest.approx(split["total"]["s"])
     assert split["target logits (full vocab)"]["MiB"] == pytest.approx(2 * 24 * 96 * 4 / 2**20)
     assert split["TTT unroll"]["MiB"] > 0 and split["draft logits + loss"]["MiB"] > 0
+    one = part_split(target, head, batch, steps=1)
+    assert one["TTT unroll"]["MiB"] == split["TTT unroll"]["MiB"]  # one step's bytes, whatever the steps
     step = our_step(target, head, lr=3e-3)
     losses = [step(batch) for _ in range(4)]
     assert losses[-1] < losses[0]

@@ -162,8 +162,9 @@ def part_split(
 ) -> dict[str, dict[str, float]]:
     """Seconds per step (mean of ``steps`` after one warm-up) and MiB per part of our training step.
 
-    MiB: target parts = the bytes of their outputs (all hidden states; the logits); TTT unroll and
-    draft logits + loss = the bytes saved for backward while they run (parameters excluded)."""
+    MiB (of one step): target parts = the bytes of their outputs (all hidden states; the logits); TTT
+    unroll and draft logits + loss = the bytes saved for backward while they run (parameters excluded,
+    each storage once)."""
     step = our_step(target, head, amp=amp)
     step(batch)
     inner = target.get_base_model() if hasattr(target, "get_base_model") else target
@@ -194,6 +195,8 @@ def part_split(
     total = 0.0
     try:
         for _ in range(steps):
+            for d in saved.values():  # bytes of one step (the last), not summed over steps
+                d.clear()
             t = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 step(batch)
