@@ -346,7 +346,16 @@ def _eagle3_layer_state(state: dict[str, Tensor], prefix: str) -> dict[str, Tens
 def eagle3_to_sglang(
     state: dict[str, Tensor], cfg: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """selfspec EAGLE-3 -> HF/SGLang ``LlamaForCausalLMEagle3`` with SGLang's aux ids (selfspec id - 1)."""
+    """selfspec EAGLE-3 -> HF/SGLang ``LlamaForCausalLMEagle3`` with SGLang's aux ids (selfspec id - 1).
+
+    Loaders: SGLang ``EAGLE3`` (and HF-layout trainers such as SpecForge). No ``target_hidden_size``: the
+    engines read it only to size ``fc`` (3 x it, else 3 x ``hidden_size``, the same here), while
+    SafeAILab's ``EaModel`` takes its presence to mean "the draft file holds the embedding" and would
+    keep a random one; without it, EaModel reads the embedding from the target's shard index
+    (``model.safetensors.index.json``; a single-file target has none and EaModel fails to load).
+    EaModel's target code captures the layers (2, L//2, L-3) whatever the config says, so it runs
+    heads trained with other ``aux_layer_ids`` on other features.
+    """
     tc = cfg["target_config"]
     check_llama_compatible(tc, "EAGLE-3 heads to sglang")
     ids = [int(i) for i in cfg["aux_layer_ids"]]
@@ -361,7 +370,6 @@ def eagle3_to_sglang(
         "architectures": ["LlamaForCausalLMEagle3"],
         **llama_draft_config(tc, H, V, _dtype_name(state)),
         "draft_vocab_size": int(state["lm_head.weight"].shape[0]),
-        "target_hidden_size": H,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
             "use_aux_hidden_state": True,
@@ -576,9 +584,25 @@ def _target_name(raw: dict[str, Any], target: nn.Module | None) -> str | None:
     return name
 
 
-def medusa_state_from_original(state: dict[str, Tensor], num_heads: int, num_layers: int, what: str):
-    """Original Medusa keys -> (selfspec blocks state, [K] per-head lm_head weights)."""
-    blocks, lm = {}, []
+def _strip_medusa_head_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Medusa models saved through their ``medusa_head`` ModuleList attribute name the keys
+    ``medusa_head.{h}.{l}...``; drop that prefix (any other key stays, to be reported as unexpected)."""
+    return {k.removeprefix("medusa_head."): v for k, v in state.items()}
+
+
+def medusa_state_from_original(
+    state: dict[str, Tensor], num_heads: int, num_layers: int, what: str, version: Any = None
+):
+    """Original Medusa keys -> (selfspec blocks state, [K] per-head lm_head weights, or None when the heads
+    share the base model's lm_head).
+
+    Medusa-1 heads end in their own Linear, ``{h}.{L}.weight``. FasterDecoding's current
+    ``train_legacy.py`` writes "version 2" heads (``version: "2"`` in its config): ``num_layers``
+    residual blocks only, whose logits come from the base model's lm_head. A file without any
+    ``{h}.{L}.weight`` is read the same way; version 2 *with* per-head lm_heads is contradictory.
+    """
+    state = _strip_medusa_head_prefix(state)
+    blocks = {}
     for h in range(num_heads):
         for j in range(num_layers):
             for p in ("weight", "bias"):
@@ -588,14 +612,24 @@ def medusa_state_from_original(state: dict[str, Tensor], num_heads: int, num_lay
                         f"{what}: missing {key} (medusa_num_heads={num_heads}, layers={num_layers})"
                     )
                 blocks[f"blocks.{h}.{j}.linear.{p}"] = state[key]
-        key = f"{h}.{num_layers}.weight"
-        if key not in state:
-            raise ValueError(f"{what}: missing the lm_head of head {h}, {key}")
-        lm.append(state[key])
+    lm_keys = [f"{h}.{num_layers}.weight" for h in range(num_heads)]
+    shared = str(version) == "2" or not any(k in state for k in lm_keys)
+    if str(version) == "2" and any(k in state for k in lm_keys):
+        raise ValueError(
+            f"{what}: config version 2 means the heads share the base model's lm_head, but the file also has "
+            f"per-head lm_heads ({next(k for k in lm_keys if k in state)}); which is right?"
+        )
+    lm = None
+    if not shared:
+        missing = [k for k in lm_keys if k not in state]
+        if missing:
+            h = lm_keys.index(missing[0])
+            raise ValueError(f"{what}: missing the lm_head of head {h}, {missing[0]}")
+        lm = [state[k] for k in lm_keys]
     used = {
         f"{h}.{j}.linear.{p}" for h in range(num_heads) for j in range(num_layers) for p in ("weight", "bias")
     }
-    used |= {f"{h}.{num_layers}.weight" for h in range(num_heads)}
+    used |= set() if shared else set(lm_keys)
     extra = sorted(set(state) - used)
     if extra:
         raise ValueError(f"{what}: weights that are not {num_heads} heads x {num_layers} layers: {extra[:8]}")
@@ -640,22 +674,44 @@ def medusa_state_from_vllm(state: dict[str, Tensor], raw: dict[str, Any], what: 
 
 def import_medusa(
     blocks: dict[str, Tensor],
-    lm: list[Tensor],
+    lm: list[Tensor] | None,
     num_layers: int,
     base: str | None,
     target: nn.Module | None,
     what: str,
 ) -> nn.Module:
-    """selfspec `MedusaHeads` from converted blocks and per-head lm_heads. The lm_heads are dropped in
-    favour of the target's (``lm_head="target"``) when a target is given and every one equals it."""
+    """selfspec `MedusaHeads` from converted blocks and per-head lm_heads (None: the heads share the
+    target's lm_head, which then must be given). The lm_heads are dropped in favour of the target's
+    (``lm_head="target"``) when a target is given and every one equals it."""
+    from heads.graft import target_dims
     from heads.medusa import MedusaConfig, MedusaHeads
 
-    V, H = (int(s) for s in lm[0].shape)
-    if any(tuple(w.shape) != (V, H) for w in lm):
-        raise ValueError(f"{what}: the heads' lm_heads have different shapes")
-    _check_other_base(what, (V, H), target)
-    mode = "own"
-    if target is not None:
+    if lm is None:
+        if target is None:
+            raise ValueError(
+                f"{what}: these Medusa heads (version 2) use the base model's lm_head; pass the target: "
+                "load_heads(path, target) or infer.load(target, heads)"
+            )
+        V, H = target_dims(target)
+        K = len({k.split(".")[1] for k in blocks})
+        for k, w in blocks.items():
+            if k.endswith(".weight") and tuple(w.shape) != (H, H):
+                raise ValueError(
+                    f"{what} is a checkpoint for another base model: {k} is {tuple(w.shape)}, the target's "
+                    f"hidden size is {H}"
+                )
+        if not blocks:
+            raise ValueError(
+                f"{what}: version-2 Medusa heads with no layers would all be the target's lm_head"
+            )
+    else:
+        V, H = (int(s) for s in lm[0].shape)
+        K = len(lm)
+        if any(tuple(w.shape) != (V, H) for w in lm):
+            raise ValueError(f"{what}: the heads' lm_heads have different shapes")
+        _check_other_base(what, (V, H), target)
+    mode = "target" if lm is None else "own"
+    if lm is not None and target is not None:
         t = target.get_output_embeddings().weight.detach().cpu()
         if all(torch.equal(w.to(t.dtype), t) for w in lm):
             mode = "target"
@@ -664,7 +720,7 @@ def import_medusa(
             hidden_size=H,
             vocab_size=V,
             base_model_name_or_path=base,
-            num_heads=len(lm),
+            num_heads=K,
             num_layers=num_layers,
             lm_head=mode,
         )
@@ -738,6 +794,20 @@ def _drop_embedding(state: dict[str, Tensor], hidden: int, vocab: int, what: str
         raise ValueError(
             f"{what} is a checkpoint for another base model: its embed_tokens is {tuple(emb.shape)}, the "
             f"target's embedding is ({vocab}, {hidden})"
+        )
+
+
+def _drop_target_copy(state: dict[str, Tensor], what: str) -> None:
+    """SafeAILab's EAGLE-3 trainer keeps the frozen target inside its model (``target_model.*``) and can save
+    some of its tensors with the draft: they are the target's, not the draft's; drop them and say so."""
+    frozen = [k for k in state if k.startswith("target_model.")]
+    for k in frozen:
+        del state[k]
+    if frozen:
+        warnings.warn(
+            f"{what}: dropped {len(frozen)} frozen target tensors (target_model.*) saved with the draft; "
+            "the target's own weights are used",
+            stacklevel=3,
         )
 
 
@@ -848,6 +918,7 @@ def import_eagle3(
             f"{what} is a checkpoint for another base model: target_hidden_size {th} != {hidden}"
         )
     state = _strip_model_prefix(dict(state))
+    _drop_target_copy(state, what)
     _drop_embedding(state, hidden, vocab, what)
     mapped: dict[str, Tensor] = {}
     for k, v in state.items():
@@ -917,7 +988,7 @@ def import_heads(directory: str, raw: dict[str, Any], target: nn.Module | None =
     if fmt == "medusa":
         path = _weights_file(directory, (MEDUSA_WEIGHTS_NAME, "medusa_lm_head.pt", *_FOREIGN_WEIGHTS))
         K, L = int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1))
-        blocks, lm = medusa_state_from_original(read_state_file(path), K, L, path)
+        blocks, lm = medusa_state_from_original(read_state_file(path), K, L, path, raw.get("version"))
         return import_medusa(blocks, lm, L, _target_name(raw, target), target, path)
     path = _weights_file(directory)
     state = read_state_file(path)

@@ -255,12 +255,11 @@ def build_vocab_map(token_counts: Tensor, draft_vocab_size: int | None) -> tuple
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def _expand_kv(x: Tensor, groups: int) -> Tensor:
-    """[B, H_kv, S, D] -> [B, H_kv * groups, S, D]; query head h uses kv head h // groups (GQA)."""
-    if groups == 1:
-        return x
-    B, Hkv, S, D = x.shape
-    return x[:, :, None].expand(B, Hkv, groups, S, D).reshape(B, Hkv * groups, S, D)
+def _grouped(x: Tensor, kv_heads: int) -> Tensor:
+    """[B, h, T, D] -> [B, h_kv, G·T, D] (G = h / h_kv): query head h reads kv head h // G (GQA), so the
+    G heads of a group share one matmul against the un-repeated keys/values."""
+    B, h, T, D = x.shape
+    return x.reshape(B, kv_heads, (h // kv_heads) * T, D)
 
 
 def eagle3_attention(
@@ -279,7 +278,8 @@ def eagle3_attention(
     ``AttentionInterface``; the layer's own q/k/v/o projections, q/k norms and RoPE run around it).
 
     query: [B, h, T, D]; key/value: [B, h_kv, S, D]; attention_mask: additive [B or 1, 1, T, S] or None.
-    softmax(q·kᵀ·scaling, soft-capped, + mask) in fp32, as the architectures' eager kernels do.
+    softmax(q·kᵀ·scaling, soft-capped, + mask) in fp32, as the architectures' eager kernels do. GQA
+    groups the query heads per kv head (`_grouped`) instead of repeating the keys and values.
 
     eagle3_ttt = (store, j): TTT step j. ``store`` maps step -> (keys, values) [B, h_kv, T, D] of that
     step, aligned with the queries; this call stores its own keys under j. Then the keys are the step-0
@@ -290,32 +290,35 @@ def eagle3_attention(
     """
     if scaling is None:
         scaling = module.head_dim**-0.5
-    groups = module.num_key_value_groups
     extra: list[tuple[Tensor, Tensor]] = []
     if eagle3_ttt is not None:
         store, step = eagle3_ttt
         store[step] = (key, value)
         key, value = store[0]
         extra = [store[i] for i in range(1, step + 1)]
-    k, v = _expand_kv(key, groups), _expand_kv(value, groups)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling  # [B, h, T, S]
+    B, h, T, D = query.shape
+    kv = key.shape[1]
+    S = key.shape[2]
+    q = _grouped(query, kv)  # [B, h_kv, G·T, D]
+    scores = torch.matmul(q, key.transpose(2, 3)).view(B, h, T, S) * scaling  # [B, h, T, S]
     if extra:
-        diag = torch.stack([(query * _expand_kv(ke, groups)).sum(-1) for ke, _ in extra], -1) * scaling
+        q5 = q.view(B, kv, h // kv, T, D)
+        diag = torch.stack([(q5 * ke[:, :, None]).sum(-1) for ke, _ in extra], -1).view(B, h, T, -1)
+        diag = diag * scaling  # [B, h, T, j]: query t against pair t's keys at steps 1..j
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
         if extra:
             diag = torch.tanh(diag / softcap) * softcap
     if attention_mask is not None:
         scores = scores + attention_mask
-    S = scores.shape[-1]
     if extra:
         scores = torch.cat([scores, diag], -1)  # [B, h, T, S + j]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs[..., :S], v)  # [B, h, T, D]
+    out = torch.matmul(_grouped(probs[..., :S], kv), value).view(B, kv, h // kv, T, D)
     for i, (_, ve) in enumerate(extra):
-        out = out + probs[..., S + i, None] * _expand_kv(ve, groups)
-    return out.transpose(1, 2).contiguous(), None
+        out = out + probs[..., S + i].reshape(B, kv, h // kv, T, 1) * ve[:, :, None]
+    return out.view(B, h, T, D).transpose(1, 2).contiguous(), None
 
 
 def _register_attention() -> None:
@@ -456,6 +459,7 @@ class Eagle3Head(HubMixin, nn.Module):
         cache=None,
         *,
         ttt_steps: int | None = None,
+        rows: list[Tensor] | None = None,
     ) -> Tensor:
         """One draft step over T pairs, or (``ttt_steps=K``) a whole training-time-test unroll.
 
@@ -469,11 +473,20 @@ class Eagle3Head(HubMixin, nn.Module):
         input_ids[:, j : j + N]), features [B, N, 3H], attention_mask None or the [B, N] pair mask,
         no cache. Returns logits [K, B, N, draft_vocab] in the head's dtype (`eagle3_loss` upcasts the
         scored rows): step j at pair k predicts x_{k+2+j}. They are computed inside this call so that a
-        DDP/DeepSpeed wrapper sees one forward.
+        DDP/DeepSpeed wrapper sees one forward. ``rows`` (training): K bool masks [B, n_j] (n_j <= N, the
+        scored pairs of step j, `ttt_scored`); then only those rows go through the final norm and the
+        lm_head, and the result is the packed [M, draft_vocab], step 0's rows first, each step's in
+        (b, k) order (as `_target_rows` reads them): the norm is per row, so this is the same function
+        on fewer rows.
         """
         if ttt_steps is not None:
-            outs = self.ttt_unroll(input_ids, features, embed, attention_mask, ttt_steps)
-            return self.lm_head(self.norm(outs))
+            outs = self._ttt_outputs(input_ids, features, embed, attention_mask, ttt_steps)
+            if rows is None:
+                return self.lm_head(self.norm(torch.stack(outs)))
+            if len(rows) != ttt_steps:
+                raise ValueError(f"rows needs one mask per TTT step ({ttt_steps}), got {len(rows)}")
+            picked = torch.cat([o[:, : r.shape[1]][r] for o, r in zip(outs, rows, strict=True)])
+            return self.lm_head(self.norm(picked))
         B, T = input_ids.shape
         assert features.shape[:2] == (B, T), (input_ids.shape, features.shape)
         dtype = self.fc.weight.dtype
@@ -501,6 +514,12 @@ class Eagle3Head(HubMixin, nn.Module):
         j >= 1 runs the pairs (x_{k+1+j}, o^{j-1}_k) at positions k + j; `eagle3_attention` lets each
         attend to the step-0 keys of pairs <= k and to its own keys at steps 1..j. Memory O(K·N²).
         """
+        return torch.stack(self._ttt_outputs(input_ids, features, embed, pair_mask, steps))
+
+    def _ttt_outputs(
+        self, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
+    ) -> list[Tensor]:
+        """`ttt_unroll` as a list of K [B, N, H] (no stacked copy)."""
         B, N = features.shape[:2]
         if input_ids.shape != (B, N + steps - 1):
             raise ValueError(
@@ -515,7 +534,7 @@ class Eagle3Head(HubMixin, nn.Module):
         for j in range(steps):
             g = self._layer(input_ids[:, j : j + N], g, embed, pos + j, mask, ttt=(store, j))
             outs.append(g)
-        return torch.stack(outs)
+        return outs
 
     def _features(self, features: Tensor) -> Tensor:
         H = self.config.hidden_size
@@ -574,8 +593,9 @@ def eagle3_train_forward(
     embed: the target's ``get_input_embeddings()``.
 
     Pairs k = 0..T-2 are (x_{k+1}, a_k + U(-noise, noise)); the unroll has ``ttt_steps`` steps (the
-    tokens past the end of a row are padding, never scored, and reach no scored query). Returns
-    `eagle3_loss`.
+    tokens past the end of a row are padding, never scored, and reach no scored query). Only the scored
+    rows of each step (`ttt_scored`) get draft logits, packed (`Eagle3Head.forward` with ``rows``).
+    Returns what `eagle3_loss` returns for the full [K, B, N, Vd] logits.
     """
     inner = getattr(head, "module", head)
     cfg = inner.config
@@ -594,12 +614,123 @@ def eagle3_train_forward(
     if attention_mask is not None:
         am = attention_mask.bool()
         pair_mask = am[:, :-1] & am[:, 1:]
-    logits = head(tokens, aux, embed, attention_mask=pair_mask, ttt_steps=K)  # [K, B, T-1, Vd]
+    scored = ttt_scored(loss_mask, attention_mask, K)
+    z = head(tokens, aux, embed, attention_mask=pair_mask, ttt_steps=K, rows=scored)  # [M, Vd]
     if target_logits is None:
         target_logits = target_out.logits
-    return eagle3_loss(
-        logits, target_logits, loss_mask, inner.d2t, inner.t2d, cfg.step_weight, attention_mask
-    )
+    return _packed_loss(z, scored, target_logits, inner.d2t, inner.t2d, cfg.step_weight)
+
+
+def ttt_scored(loss_mask: Tensor, attention_mask: Tensor | None, steps: int) -> list[Tensor]:
+    """Which pairs each TTT step scores: K bool masks [B, n_j], n_j = max(T - 2 - j, 0).
+
+    Step j at pair k predicts token k+2+j; it is scored iff k+2+j <= T-1, ``loss_mask[k+2+j]`` and the
+    tokens k..k+2+j are all real (``attention_mask``; None = all real).
+    """
+    lm = loss_mask.bool()
+    real = attention_mask.bool() if attention_mask is not None else torch.ones_like(lm)
+    T = lm.shape[1]
+    run = real[:, :-1] & real[:, 1:]  # [B, N] tokens k, k+1 real
+    out = []
+    for j in range(steps):
+        n = max(T - 2 - j, 0)
+        run = run[:, :n] & real[:, 2 + j : 2 + j + n]
+        out.append(run & lm[:, 2 + j : 2 + j + n])
+    return out
+
+
+def _target_rows(target_logits: Tensor, scored: list[Tensor], t2d: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The target side of the packed rows: (p [R, Vd] float32, index [M] into p, argmax [M] over the full
+    vocab).
+
+    Row r = step j at pair (b, k) reads target position (b, 1+j+k); p = softmax(target_logits[t2d]) is
+    computed once for each of the R distinct positions, not once per step.
+    """
+    B, T, V = target_logits.shape
+    flat = [b * T + 1 + j + k for j, s in enumerate(scored) for b, k in [s.nonzero(as_tuple=True)]]
+    flat = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.long, device=target_logits.device)
+    pos, index = torch.unique(flat, return_inverse=True)
+    with torch.no_grad():
+        tl = target_logits.reshape(B * T, V)
+        p = torch.softmax(tl.index_select(1, t2d.nonzero().view(-1))[pos].float(), dim=-1)  # [R, Vd]
+        return p, index, tl.argmax(-1)[pos][index]
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """Weighted soft-label cross-entropy over row chunks.
+
+    forward(z [M, Vd], p [R, Vd], index [M], w [M]) -> (Σ_r w_r CE_r, CE [M], argmax z [M]) with
+    CE_r = -Σ_v p_{i_r,v} log softmax(z_r)_v = lse(z_r) Σ_v p_{i_r,v} - Σ_v p_{i_r,v} z_{r,v}, i = index;
+    backward: dz_r = g w_r (softmax(z_r) Σ_v p_{i_r,v} - p_{i_r}). The same function and gradient as
+    log_softmax + product + sum, but each chunk of rows (about 2 MB on CPU) is finished while it is in
+    cache and neither the [M, Vd] log-probabilities nor the targets gathered to the M rows exist.
+    """
+
+    @staticmethod
+    def _chunk(z: Tensor) -> int:
+        return max(1, (1 << 19 if z.device.type == "cpu" else 1 << 28) // max(z.shape[1], 1))
+
+    @staticmethod
+    def forward(ctx, z: Tensor, p: Tensor, index: Tensor, w: Tensor):
+        M, acc = z.shape[0], torch.promote_types(z.dtype, torch.float32)  # half-precision logits upcast
+        ce = torch.empty(M, device=z.device, dtype=acc)
+        lse = torch.empty(M, device=z.device, dtype=acc)
+        top = torch.empty(M, dtype=torch.long, device=z.device)
+        step = _SoftCrossEntropy._chunk(z)
+        for s in range(0, M, step):
+            zc, pc = z[s : s + step].to(acc), p.index_select(0, index[s : s + step])
+            lse[s : s + step] = torch.logsumexp(zc, dim=-1)
+            ce[s : s + step] = lse[s : s + step] * pc.sum(-1) - (pc * zc).sum(-1)
+            top[s : s + step] = zc.argmax(-1)
+        ctx.save_for_backward(z, p, index, w, lse)
+        ctx.mark_non_differentiable(ce, top)
+        return (ce * w).sum(), ce, top
+
+    @staticmethod
+    def backward(ctx, g: Tensor, *_):
+        z, p, index, w, lse = ctx.saved_tensors
+        grad = torch.empty_like(z)
+        gw = w * g
+        step = _SoftCrossEntropy._chunk(z)
+        for s in range(0, z.shape[0], step):
+            pc = p.index_select(0, index[s : s + step])
+            sm = (
+                (z[s : s + step].to(lse.dtype) - lse[s : s + step, None])
+                .exp_()
+                .mul_(pc.sum(-1, keepdim=True))
+            )
+            grad[s : s + step] = sm.sub_(pc).mul_(gw[s : s + step, None])
+        return grad, None, None, None
+
+
+def _packed_loss(
+    z: Tensor, scored: list[Tensor], target_logits: Tensor, d2t: Tensor, t2d: Tensor, step_weight: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`eagle3_loss` on packed rows: z [M, Vd] draft logits of the scored rows, steps in order, rows of
+    step j in (b, k) order of ``scored[j]`` [B, n_j]. All steps share one cross-entropy pass
+    (`_SoftCrossEntropy`); step j's CE mean becomes the row weight step_weight**j / M_j."""
+    K = len(scored)
+    counts = [int(s.sum()) for s in scored]
+    p, index, target_top = _target_rows(target_logits, scored, t2d)
+    n = torch.tensor(counts, device=z.device)
+    weights = torch.tensor([step_weight**j / max(m, 1) for j, m in enumerate(counts)], device=z.device)
+    total, ce, top = _SoftCrossEntropy.apply(z, p, index, torch.repeat_interleave(weights, n))
+    with torch.no_grad():
+        hit = ((top + d2t[top]) == target_top).float()
+        per = torch.zeros(2, K, device=z.device)
+        per.index_add_(
+            1, torch.repeat_interleave(torch.arange(K, device=z.device), n), torch.stack([ce, hit])
+        )
+        count = n.float()
+        loss_step, acc = per / count.clamp(min=1)
+    metrics = {
+        "loss": total.detach(),
+        "loss_step": loss_step,
+        "top1": acc,
+        "count": count,
+        "simulated_accept_length": 1 + torch.cumprod(acc, 0).sum(),
+    }
+    return total, metrics
 
 
 def eagle3_loss(
@@ -623,44 +754,14 @@ def eagle3_loss(
     metrics (detached): ``loss`` (scalar), ``loss_step``/``top1``/``count`` [K] (top-1: draft argmax mapped
     through d2t == the target's argmax over its full vocab; weight by ``count`` to combine batches) and
     ``simulated_accept_length`` = 1 + Σ_k Π_{j<=k} top1_j (τ of a chain, bonus token included).
+    Training computes only the scored rows' logits (`eagle3_train_forward`); this is the same loss.
     """
     K, B, N, Vd = logits.shape
     T = target_logits.shape[1]
     assert N == T - 1 and loss_mask.shape == (B, T), (logits.shape, target_logits.shape, loss_mask.shape)
-    real = (
-        attention_mask.bool() if attention_mask is not None else torch.ones_like(loss_mask, dtype=torch.bool)
-    )
-    lm = loss_mask.bool()
-    run = real[:, :-1] & real[:, 1:]  # [B, N] tokens k, k+1 real
-    total = logits.sum().float() * 0.0  # stays in the graph when nothing is scored
-    zero = torch.zeros((), device=logits.device)
-    loss_step, top1, count = [zero] * K, [zero] * K, [zero] * K
-    for j in range(K):
-        n = T - 2 - j  # pairs whose predicted token k+2+j exists
-        if n <= 0:
-            break
-        run = run[:, :n] & real[:, 2 + j : 2 + j + n]
-        scored = run & lm[:, 2 + j : 2 + j + n]  # [B, n]
-        z = logits[j, :, :n][scored].float()  # [M, Vd]
-        m = z.shape[0]
-        with torch.no_grad():
-            tl = target_logits[:, 1 + j : 1 + j + n][scored]  # [M, V]
-            p = torch.softmax(tl[:, t2d].float(), dim=-1)
-            hit = (z.argmax(-1) + d2t[z.argmax(-1)]) == tl.argmax(-1)
-        ce = -(p * torch.log_softmax(z, dim=-1)).sum() / max(m, 1)
-        total = total + step_weight**j * ce
-        loss_step[j] = ce.detach()
-        top1[j] = hit.float().sum() / max(m, 1)
-        count[j] = torch.tensor(float(m), device=logits.device)
-    acc = torch.stack(top1)
-    metrics = {
-        "loss": total.detach(),
-        "loss_step": torch.stack(loss_step),
-        "top1": acc,
-        "count": torch.stack(count),
-        "simulated_accept_length": 1 + torch.cumprod(acc, 0).sum(),
-    }
-    return total, metrics
+    scored = ttt_scored(loss_mask, attention_mask, K)
+    z = torch.cat([logits[j, :, : s.shape[1]][s] for j, s in enumerate(scored)])
+    return _packed_loss(z, scored, target_logits, d2t, t2d, step_weight)
 
 
 register(Eagle3Config, Eagle3Head)

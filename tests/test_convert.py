@@ -281,8 +281,7 @@ def test_eagle3_to_sglang_schema_and_round_trip(tmp_path):
     assert read_json(tmp_path / "config.json") == {
         "architectures": ["LlamaForCausalLMEagle3"],
         **LLAMA_DRAFT_CONFIG,
-        "draft_vocab_size": VD,
-        "target_hidden_size": H,
+        "draft_vocab_size": VD,  # no target_hidden_size: SafeAILab's EaModel would then skip the embedding
         # SGLang captures the input of layer id+1: selfspec's hidden_states indices (1, 2, 3) are (0, 1, 2)
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True},
         "base_model_name_or_path": "tiny-random-llama",

@@ -404,35 +404,69 @@ def test_loss_alignment_and_mask():
     assert loss.item() == 0 and met["count"].sum() == 0 and met["simulated_accept_length"].item() == 1
 
 
-def test_train_forward_shift():
-    """The unroll's inputs: pairs (x_{k+1}, aux_k), step j reads x_{k+1+j}; logits land in eagle3_loss."""
-    import heads.eagle3 as he3
+def test_soft_cross_entropy_matches_log_softmax(monkeypatch):
+    """The chunked loss kernel = -Σ p log_softmax(z) weighted, values and gradients (gradcheck in float64),
+    across several chunks, with targets indexed per row and not summing to exactly 1."""
+    from heads.eagle3 import _SoftCrossEntropy
 
+    monkeypatch.setattr(_SoftCrossEntropy, "_chunk", staticmethod(lambda z: 3))  # 7 rows: 3 chunks
+    g = torch.Generator().manual_seed(6)
+    z = torch.randn(7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1) * 0.9
+    index = torch.tensor([0, 3, 3, 1, 2, 0, 1])
+    w = torch.rand(7, generator=g, dtype=torch.float64)
+    total, ce, top = _SoftCrossEntropy.apply(z, p, index, w)
+    ref = -(p[index] * torch.log_softmax(z, -1)).sum(-1)
+    assert (
+        torch.allclose(ce, ref) and torch.allclose(total, (ref * w).sum()) and torch.equal(top, z.argmax(-1))
+    )
+    (gz,) = torch.autograd.grad((ref * w).sum() * 1.7, z)
+    (gz2,) = torch.autograd.grad(_SoftCrossEntropy.apply(z, p, index, w)[0] * 1.7, z)
+    assert torch.allclose(gz, gz2)
+    assert torch.autograd.gradcheck(lambda z: _SoftCrossEntropy.apply(z, p, index, w)[0], (z,))
+
+
+def test_train_forward_shift():
+    """The unroll's inputs: pairs (x_{k+1}, aux_k), step j reads x_{k+1+j}. The training path (draft
+    logits of the scored rows only, packed) gives the loss, metrics and gradients of `eagle3_loss` over
+    the full [K, B, N, Vd] logits of that unroll, with a padded row and a partial loss mask."""
     arch = "llama"
     m = target(arch)
-    head = fresh_head(arch, draft_vocab_size=VD, ttt_steps=3)
-    ids = torch.randint(3, 96, (2, 8))
-    out = aux_out(arch, ids, head)
-    seen = {}
+    head = fresh_head(arch, draft_vocab_size=VD, ttt_steps=3).train()
+    head.set_vocab_map(*build_vocab_map(torch.arange(V).flip(0), VD))
+    emb = m.get_input_embeddings()
+    ids = torch.randint(3, 96, (2, 8), generator=torch.Generator().manual_seed(5))
+    am = torch.ones_like(ids)
+    am[1, 6:] = 0
+    lm = am.clone()
+    lm[0, :3] = 0
+    out = run_target(m, ids, am, aux_layers=head.aux_layer_ids)
 
-    def spy(logits, tl, lm, *a, **k):
-        seen.update(logits=logits, tl=tl, lm=lm)
-        return eagle3_loss(logits, tl, lm, *a, **k)
+    def run(fn):
+        head.zero_grad()
+        loss, met = fn()
+        loss.backward()
+        return loss.detach(), met, {k: p.grad.clone() for k, p in head.named_parameters()}
 
-    orig, he3.eagle3_loss = he3.eagle3_loss, spy
-    try:
-        lm = torch.ones_like(ids)
-        eagle3_train_forward(head, out, ids, None, lm, None, m.get_input_embeddings())
-    finally:
-        he3.eagle3_loss = orig
-    assert seen["tl"] is out.logits
+    fast = run(lambda: eagle3_train_forward(head, out, ids, am, lm, None, emb))
     tokens = torch.cat([ids[:, 1:], ids[:, -1:].expand(2, 2)], 1)
     aux = torch.cat(out.aux, -1)[:, :-1]
-    with torch.no_grad():
-        direct = head.logits(head.ttt_unroll(tokens, aux, m.get_input_embeddings(), None, 3))
-    assert torch.allclose(seen["logits"], direct, atol=1e-6)
+    pair = (am[:, :-1] & am[:, 1:]).long()
+
+    def full():
+        logits = head.logits(head.ttt_unroll(tokens, aux, emb, pair, 3))
+        return eagle3_loss(logits, out.logits, lm, head.d2t, head.t2d, head.config.step_weight, am)
+
+    slow = run(full)
+    assert torch.allclose(fast[0], slow[0], atol=1e-6)
+    for k in ("loss_step", "top1", "count", "simulated_accept_length"):
+        assert torch.allclose(fast[1][k], slow[1][k], atol=1e-6), k
+    # predicted token k+2+j: row 0 in max(2+j, 3)..7 (loss mask), row 1 in 2+j..5 (padding after 5)
+    assert fast[1]["count"].tolist() == [5.0 + 4, 5 + 3, 4 + 2]
+    for k in slow[2]:
+        assert torch.allclose(fast[2][k], slow[2][k], atol=1e-6), k
     with pytest.raises(ValueError, match="aux_layers"):
-        eagle3_train_forward(head, run_target(m, ids), ids, None, lm, None, m.get_input_embeddings())
+        eagle3_train_forward(head, run_target(m, ids), ids, None, lm, None, emb)
 
 
 def self_generated(arch: str, n: int = 16, T: int = 48, seed: int = 0) -> torch.Tensor:
