@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.support import check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
@@ -41,6 +42,7 @@ class SpecModel:
     tokenizer: object | None = None
 
     def __post_init__(self) -> None:
+        check_target(self.target)  # ALiBi, recurrent layers, flash attention...: refused, not inexact
         self.heads.config.check_target(self.target)
 
     def proposer(

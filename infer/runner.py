@@ -1,0 +1,65 @@
+"""The target side of the decoding loop: prefill, one tree-verify forward per step, KV bookkeeping.
+
+    runner = TreeRunner(target, aux_layers)
+    out = runner.prefill(prompt_ids)        # cache holds the prompt; out.logits: last position only
+    out = runner.verify(tree)               # logits/hidden of all N+1 nodes (docs/design.md §4)
+    runner.accept(keep)                     # the cache keeps the prefix + the accepted path
+
+`speculative_generate` drives it; ``tests/test_tree_exact.py`` drives it with random trees and checks
+every node against a cache-free forward, so both see the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from heads.graft import TargetOutput, run_target
+from infer.cache import compact, new_cache
+from infer.support import check_target
+from infer.tree import DraftTree, attention_mask
+
+
+class TreeRunner:
+    """Owns the target's KV cache for one generation (batch size 1).
+
+    target: a frozen transformers causal LM (checked with `infer.support.check_target`);
+    aux_layers: ``hidden_states`` indices the proposer reads besides the last post-norm state.
+    ``past`` is the number of tokens whose KV is in the cache.
+    """
+
+    def __init__(self, target: nn.Module, aux_layers: Sequence[int] = ()) -> None:
+        check_target(target)
+        self.target = target
+        self.aux_layers = tuple(aux_layers)
+        self.text_cfg = target.config.get_text_config()
+        self.cache = new_cache()
+        self.past = 0
+
+    def prefill(self, input_ids: Tensor) -> TargetOutput:
+        """input_ids: [1, T] -> logits [1, T, V], hidden [1, T, H], aux [1, T, H] each."""
+        out = run_target(self.target, input_ids, aux_layers=self.aux_layers, cache=self.cache, use_cache=True)
+        self.past = input_ids.shape[1]
+        return out
+
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        """One forward over the tree's N+1 nodes after the cached prefix: node i attends to the prefix
+        and its ancestors, at position ``past + depth[i]``. Returns logits [1, N+1, V], hidden and aux
+        [1, N+1, H]; the cache then holds past + N+1 entries until `accept`."""
+        mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
+        return run_target(
+            self.target,
+            tree.tokens[None],
+            mask,
+            aux_layers=self.aux_layers,
+            position_ids=(self.past + tree.depth)[None],
+            cache=self.cache,
+            use_cache=True,
+        )
+
+    def accept(self, keep: Tensor) -> None:
+        """keep: [n] node indices of the accepted path, root first: their KV moves to slots past..past+n-1,
+        the rest of the tree's KV is dropped."""
+        compact(self.cache, self.past, keep)
+        self.past += keep.shape[0]
