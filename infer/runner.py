@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from heads.graft import TargetOutput, run_target
+from heads.graft import TargetOutput, run_target_lean
 from infer.cache import compact, new_cache
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask
@@ -38,8 +38,11 @@ class TreeRunner:
         self.past = 0
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
-        """input_ids: [1, T] -> logits [1, T, V], hidden [1, T, H], aux [1, T, H] each."""
-        out = run_target(self.target, input_ids, aux_layers=self.aux_layers, cache=self.cache, use_cache=True)
+        """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux
+        [1, T, H] each (the proposers read every prompt position's features)."""
+        out = run_target_lean(
+            self.target, input_ids, aux_layers=self.aux_layers, cache=self.cache, use_cache=True
+        )
         self.past = input_ids.shape[1]
         return out
 
@@ -48,11 +51,12 @@ class TreeRunner:
         and its ancestors, at position ``past + depth[i]``. Returns logits [1, N+1, V], hidden and aux
         [1, N+1, H]; the cache then holds past + N+1 entries until `accept`."""
         mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
-        return run_target(
+        return run_target_lean(
             self.target,
             tree.tokens[None],
             mask,
             aux_layers=self.aux_layers,
+            logits_to_keep=0,
             position_ids=(self.past + tree.depth)[None],
             cache=self.cache,
             use_cache=True,

@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import infer  # noqa: E402
 
 G = importlib.import_module("infer.generate")  # the module (``infer.generate`` is also the function)
+R = importlib.import_module("infer.runner")  # the target side of the loop (forwards, masks, cache)
 
 SECTIONS = ("draft", "mask", "verify", "accept", "compact", "other")
 
@@ -71,16 +72,17 @@ class Split:
 
 @contextlib.contextmanager
 def split_timers(split: Split, model: infer.SpecModel):
-    """Wrap the names `speculative_generate` looks up in its module, and the proposer's methods."""
+    """Wrap the names `speculative_generate` and its `TreeRunner` look up in their modules, and the
+    proposer's methods."""
     names = {
-        "run_target": "verify",
-        "attention_mask": "mask",
-        "compact": "compact",
-        "accept_greedy": "accept",
-        "accept_exact": "accept",
-        "accept_typical": "accept",
+        (R, "run_target_lean"): "verify",
+        (R, "attention_mask"): "mask",
+        (R, "compact"): "compact",
+        (G, "accept_greedy"): "accept",
+        (G, "accept_exact"): "accept",
+        (G, "accept_typical"): "accept",
     }
-    saved = {n: getattr(G, n) for n in names if hasattr(G, n)}
+    saved = {(mod, n): getattr(mod, n) for mod, n in names}  # a renamed function fails here, loudly
     orig_proposer = model.proposer
 
     def proposer(*a, **kw):
@@ -91,13 +93,13 @@ def split_timers(split: Split, model: infer.SpecModel):
         return p
 
     try:
-        for n, fn in saved.items():
-            setattr(G, n, split.wrap(names[n], fn))
+        for (mod, n), fn in saved.items():
+            setattr(mod, n, split.wrap(names[mod, n], fn))
         model.proposer = proposer
         yield
     finally:
-        for n, fn in saved.items():
-            setattr(G, n, fn)
+        for (mod, n), fn in saved.items():
+            setattr(mod, n, fn)
         model.proposer = orig_proposer
 
 
