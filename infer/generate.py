@@ -221,7 +221,7 @@ def speculative_generate(
     eos = _eos_ids(gc.eos_token_id)
     sampling = bool(gc.do_sample)
     warp = _warpers(gc) if sampling else None
-    runner = TreeRunner(target, proposer.aux_layers)  # refuses targets it cannot verify exactly
+    runner = TreeRunner(target, proposer.aux_layers, max_len=T + limit)  # refuses what it cannot verify
     stats = GenerationStats()
     if timing:
         stats.draft_time_s = stats.verify_time_s = 0.0

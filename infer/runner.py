@@ -11,31 +11,57 @@ every node against a cache-free forward, so both see the same code.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput, run_target_lean
+from infer.attention import (
+    ATTN_IMPLEMENTATION,
+    TreeMask,
+    attention_implementation,
+    register,
+    wants_tree_attention,
+)
 from infer.cache import compact, new_cache
 from infer.support import check_target
-from infer.tree import DraftTree, attention_mask
+from infer.tree import DraftTree, attention_mask, sliding_window
 
 
 class TreeRunner:
     """Owns the target's KV cache for one generation (batch size 1).
 
     target: a frozen transformers causal LM (checked with `infer.support.check_target`);
-    aux_layers: ``hidden_states`` indices the proposer reads besides the last post-norm state.
+    aux_layers: ``hidden_states`` indices the proposer reads besides the last post-norm state;
+    max_len: the longest sequence expected (prompt + new tokens), to size the mask buffer once;
+    tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
+    head, one boolean mask buffer per generation) instead of transformers' sdpa with a float mask.
+    Sliding-window models keep the float masks of `infer.tree.attention_mask`, rebuilt per step.
     ``past`` is the number of tokens whose KV is in the cache.
     """
 
-    def __init__(self, target: nn.Module, aux_layers: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        target: nn.Module,
+        aux_layers: Sequence[int] = (),
+        *,
+        max_len: int = 0,
+        tree_attention: bool = True,
+    ) -> None:
         check_target(target)
         self.target = target
         self.aux_layers = tuple(aux_layers)
         self.text_cfg = target.config.get_text_config()
         self.cache = new_cache()
         self.past = 0
+        self.tree_attention = tree_attention and wants_tree_attention(target)
+        self.mask: TreeMask | None = None
+        if self.tree_attention:
+            register()
+            if sliding_window(self.text_cfg) is None:
+                device = next(target.parameters()).device
+                self.mask = TreeMask(64, max_len + 64, device)
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux
@@ -50,17 +76,22 @@ class TreeRunner:
         """One forward over the tree's N+1 nodes after the cached prefix: node i attends to the prefix
         and its ancestors, at position ``past + depth[i]``. Returns logits [1, N+1, V], hidden and aux
         [1, N+1, H]; the cache then holds past + N+1 entries until `accept`."""
-        mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
-        return run_target_lean(
-            self.target,
-            tree.tokens[None],
-            mask,
-            aux_layers=self.aux_layers,
-            logits_to_keep=0,
-            position_ids=(self.past + tree.depth)[None],
-            cache=self.cache,
-            use_cache=True,
-        )
+        if self.mask is not None:
+            mask = self.mask(tree.ancestors, self.past)
+        else:
+            mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
+        switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
+        with switch or contextlib.nullcontext():
+            return run_target_lean(
+                self.target,
+                tree.tokens[None],
+                mask,
+                aux_layers=self.aux_layers,
+                logits_to_keep=0,
+                position_ids=(self.past + tree.depth)[None],
+                cache=self.cache,
+                use_cache=True,
+            )
 
     def accept(self, keep: Tensor) -> None:
         """keep: [n] node indices of the accepted path, root first: their KV moves to slots past..past+n-1,
