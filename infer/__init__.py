@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
-from infer.support import check_target
+from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
@@ -111,6 +111,7 @@ def load(
         recorded = read_config(heads_dir).get("target_adapter")
     else:
         heads_dir, recorded = None, getattr(heads.config, "target_adapter", None)
+    check_attn_implementation(attn_implementation)  # before loading any weights
     if isinstance(target, str):
         if adapter is None and recorded is not None:
             adapter = adapter_location(heads_dir, recorded)

@@ -61,13 +61,17 @@ def tree_attention(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """query [B, h, T, D]; key/value [B, h_kv, S, D] (not repeated); attention_mask: boolean (True =
-    attend) or additive [B or 1, 1, T, S], or None for plain causal attention over T = S (a prefill).
+    attend) or additive [B or 1, 1, T, S'], or None for plain causal attention over T = S (a prefill).
+    S' < S (a static cache's unfilled slots after the mask's columns): only the first S' keys count.
     Returns ([B, T, h, D], None) like transformers' attention functions."""
     for name in ("position_bias", "s_aux", "sinks"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"selfspec tree attention does not implement {name!r}")
     if softcap is not None:
         raise NotImplementedError("selfspec tree attention does not implement softcap; use eager")
+    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+        # a static cache hands over all its slots; the runner's mask covers the filled ones only
+        key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
     B, h, T, D = query.shape
     h_kv, S = key.shape[1], key.shape[2]
     g = h // h_kv

@@ -24,7 +24,7 @@ from infer.attention import (
     register,
     wants_tree_attention,
 )
-from infer.cache import compact, new_cache
+from infer.cache import compact, ensure_capacity, new_cache, new_static_cache
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask, sliding_window
 
@@ -36,8 +36,11 @@ class TreeRunner:
     aux_layers: ``hidden_states`` indices the proposer reads besides the last post-norm state;
     max_len: the longest sequence expected (prompt + new tokens), to size the mask buffer once;
     tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
-    head, one boolean mask buffer per generation) instead of transformers' sdpa with a float mask.
-    Sliding-window models keep the float masks of `infer.tree.attention_mask`, rebuilt per step.
+    head, one boolean mask buffer per generation) instead of transformers' sdpa with a float mask;
+    static: with tree attention, keep the KV in transformers' ``StaticCache`` of max_len + 64 slots
+    (grown if a tree needs more), written in place, instead of a ``DynamicCache``.
+    Sliding-window models keep a ``DynamicCache`` and the float masks of `infer.tree.attention_mask`,
+    rebuilt per step.
     ``past`` is the number of tokens whose KV is in the cache.
     """
 
@@ -48,6 +51,7 @@ class TreeRunner:
         *,
         max_len: int = 0,
         tree_attention: bool = True,
+        static: bool = True,
     ) -> None:
         check_target(target)
         self.target = target
@@ -57,11 +61,15 @@ class TreeRunner:
         self.past = 0
         self.tree_attention = tree_attention and wants_tree_attention(target)
         self.mask: TreeMask | None = None
+        self.static = False
         if self.tree_attention:
             register()
             if sliding_window(self.text_cfg) is None:
                 device = next(target.parameters()).device
                 self.mask = TreeMask(64, max_len + 64, device)
+                self.static = static
+                if static:
+                    self.cache = new_static_cache(target.config, max_len + 64)
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux
@@ -76,6 +84,8 @@ class TreeRunner:
         """One forward over the tree's N+1 nodes after the cached prefix: node i attends to the prefix
         and its ancestors, at position ``past + depth[i]``. Returns logits [1, N+1, V], hidden and aux
         [1, N+1, H]; the cache then holds past + N+1 entries until `accept`."""
+        if self.static:
+            ensure_capacity(self.cache, self.past + tree.num_nodes)
         if self.mask is not None:
             mask = self.mask(tree.ancestors, self.past)
         else:

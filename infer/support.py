@@ -74,6 +74,15 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
+def check_attn_implementation(name: str | None) -> None:
+    """Refuse an ``attn_implementation`` that cannot apply a tree mask before any weight is loaded."""
+    if name is not None and name not in TREE_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={name!r} cannot apply a tree attention mask; use one of "
+            f"{', '.join(TREE_ATTENTION)} (or None for the model's default)"
+        )
+
+
 def check_target(model: nn.Module) -> None:
     """Raise a one-line ``ValueError`` when tree verification would not be exact on ``model``."""
     reason = unsupported_reason(model)

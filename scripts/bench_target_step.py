@@ -80,8 +80,9 @@ def prefill_child(way: str, length: int, repeats: int) -> dict:
 
 
 VERIFY_WAYS = {  # TreeRunner options per way of verifying
-    "stock": dict(tree_attention=False),  # transformers' sdpa with a float 4D mask, rebuilt per step
-    "tree_attention": dict(tree_attention=True),  # infer.attention: no K/V repeat, one mask buffer
+    "stock": dict(tree_attention=False),  # transformers' sdpa, a float 4D mask rebuilt per step, DynamicCache
+    "tree_attention": dict(static=False),  # infer.attention: no K/V repeat, one mask buffer; DynamicCache
+    "tree_attention_static": dict(),  # the default: the same with transformers' StaticCache
 }
 
 

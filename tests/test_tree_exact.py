@@ -65,11 +65,11 @@ def random_tree(root: int, g: torch.Generator) -> DraftTree:
     return DraftTree(tokens, parents_t, depth_t, ancestors, retrieve, sib_before)
 
 
-def worst_error(runner: TreeRunner, seed: int = 0) -> float:
-    """Max |logit difference| over every node of STEPS random trees, verified with ``runner``, against
-    cache-free forwards over prefix + path."""
+def worst_error(runner: TreeRunner, seed: int = 0, past: int = PAST) -> float:
+    """Max |logit difference| over every node of ``steps`` random trees, verified with ``runner``,
+    against cache-free forwards over prefix + path."""
     g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(3, VOCAB, (PAST,), generator=g)
+    seq = torch.randint(3, VOCAB, (past,), generator=g)
     target = runner.target
     worst = 0.0
     with torch.no_grad():
@@ -105,6 +105,27 @@ EXACT = (
 def test_every_node_matches_cache_free_forward(arch, attn, window):
     err = worst_error(TreeRunner(build(arch, attn, window)))
     assert err < 1e-4, f"{arch} {attn} window={window}: logits off by {err}"
+
+
+def test_static_cache_is_written_in_place_and_grows_when_needed():
+    """An sdpa target verifies through transformers' StaticCache: exact at every node, the same
+    buffers step after step, and a generation longer than planned grows them once, still exact."""
+    from transformers import StaticCache
+
+    runner = TreeRunner(build("llama", "sdpa"), max_len=40)  # 40 + 64 slots
+    assert isinstance(runner.cache, StaticCache) and runner.static
+    assert worst_error(runner) < 1e-4
+    layer = runner.cache.layers[0]
+    ptr, size = layer.keys.data_ptr(), layer.max_cache_len
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        while runner.past + NODES <= size:
+            runner.verify(random_tree(7, g))
+            runner.accept(torch.tensor([0]))
+            assert layer.keys.data_ptr() == ptr
+    runner = TreeRunner(build("llama", "sdpa"), max_len=0)  # 64 slots: the first tree after 60 overflows
+    assert worst_error(runner, past=60) < 1e-4
+    assert runner.cache.layers[0].max_cache_len > 64
 
 
 REFUSED = {
@@ -144,3 +165,6 @@ def test_attention_without_tree_masks_is_refused(attn):
     heads = MedusaHeads.for_target(target, num_heads=2)
     with pytest.raises(ValueError, match=rf"attn_implementation='{attn}' cannot apply a tree .*eager, sdpa"):
         infer.SpecModel(target, heads)
+    # by name: refused before the weights are loaded (the path does not even exist)
+    with pytest.raises(ValueError, match=rf"attn_implementation='{attn}' cannot apply a tree .*eager, sdpa"):
+        infer.load("/nonexistent/target", heads, attn_implementation=attn)
