@@ -31,21 +31,23 @@ import torch
 from torch import Tensor, nn
 
 ATTN_IMPLEMENTATION = "selfspec_tree"
-# (mask, groups, tiled mask) of the last forward, shared by all its layers
-_packed: list = [None, 0, None]
+# (mask, groups, tiled mask) of the last forward's masks (two: full and sliding layers), for all its layers
+_packed: list[tuple[Tensor, int, Tensor]] = []
 
 
 def _tile_mask(mask: Tensor, groups: int) -> Tensor:
     """mask [B, 1, T, S] -> [B, 1, g·T, S], row r·T + t = row t (query head r of each KV group).
 
-    Every layer of one forward gets the same mask object, so it is tiled once per forward. The memo
-    holds the mask itself, so its memory cannot be reused by another mask while the entry lives; masks
-    are never written in place between forwards (`TreeMask` returns a new view each step)."""
-    src, g, tiled = _packed
-    if src is not mask or g != groups:
-        B, _, T, S = mask.shape
-        tiled = mask.expand(B, groups, T, S).reshape(B, 1, groups * T, S)
-        _packed[:] = [mask, groups, tiled]
+    Every layer of one forward gets the same mask object (one per layer type), so each is tiled once
+    per forward. The memo holds the masks themselves, so their memory cannot be reused by another
+    mask while an entry lives; masks are never written in place between forwards (`TreeMask` returns
+    a new view each step)."""
+    for src, g, tiled in _packed:
+        if src is mask and g == groups:
+            return tiled
+    B, _, T, S = mask.shape
+    tiled = mask.expand(B, groups, T, S).reshape(B, 1, groups * T, S)
+    _packed[:] = [*_packed[-1:], (mask, groups, tiled)]
     return tiled
 
 

@@ -44,7 +44,20 @@ def build(arch: str, attn: str = "eager", window: int | None = None):
         "falcon": lambda: tf.FalconConfig(**small, alibi=False, **common),
         "mamba": lambda: tf.MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=4, **common),
     }
-    cfg = extra[arch]() if arch in extra else tiny_config(arch)
+    if arch == "qwen2_mixed":  # one full and one sliding-window (3) layer: the dict of two masks
+        cfg = tiny_config("qwen2")
+        cfg = tf.Qwen2Config(
+            **{
+                **cfg.to_dict(),
+                "use_sliding_window": True,
+                "sliding_window": 3,
+                "max_window_layers": 1,
+                "layer_types": None,
+            }
+        )
+        assert cfg.layer_types == ["full_attention", "sliding_attention"]
+    else:
+        cfg = extra[arch]() if arch in extra else tiny_config(arch)
     if window is not None:
         cfg.sliding_window = window
     torch.manual_seed(0)
@@ -98,6 +111,7 @@ EXACT = (
     + [(a, "sdpa", None) for a in ARCHS if a != "gemma2"]
     + [("falcon", "eager", None), ("falcon", "sdpa", None)]
     + [("gemma2", "eager", 3), ("mistral", "eager", 3), ("mistral", "sdpa", 2)]
+    + [("qwen2_mixed", "eager", None), ("qwen2_mixed", "sdpa", None)]
 )
 
 
