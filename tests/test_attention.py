@@ -110,3 +110,22 @@ def test_verify_runs_tree_attention_without_kv_repeat(monkeypatch):
     assert calls == [(4, 2)] * 4  # two verify forwards x two layers, K/V with their 2 heads
     with pytest.raises(AssertionError, match="repeated"):  # the stock sdpa path does repeat them
         steps(TreeRunner(target, tree_attention=False))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_eagle3_greedy_identity_through_tree_attention(arch):
+    """EAGLE-3 (aux states from hooks, dynamic trees) on an sdpa target: the registered attention,
+    the mask buffer and the static cache, token-identical to the target's own greedy decoding."""
+    from test_eagle3 import reference_greedy, trained_head
+
+    import infer
+
+    m = tiny_model(arch, attn="sdpa")  # the weights of test_eagle3's (eager) target
+    head, _ = trained_head(arch)
+    taus = []
+    for seed in (100, 101):
+        ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(seed))
+        out = infer.generate(infer.SpecModel(m, head), ids, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
+        taus.append(out.stats.mean_accepted_length)
+    assert sum(taus) / len(taus) > 1.2, taus  # drafts were accepted: compaction moved entries
