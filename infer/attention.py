@@ -9,13 +9,14 @@ a KV head into the query length,
     q [B, h, T, D] -> [B, h_kv, g·T, D]  (g = h / h_kv; head j uses KV head j // g, as repeat_kv does)
 
 so one SDPA call over h_kv heads computes exactly softmax(q·kᵀ·scale + mask)·v of every head with
-no K/V copy, on any SDPA kernel (``enable_gqa=True`` would do the same on CPU, but on CUDA the
-kernels that take an arbitrary mask do not implement it and fall back to repeating). Only the
-mask is tiled g times, once per forward (it is shared by all layers): g·T·S bytes against
-2·h·S·D·itemsize per layer for the K/V repeat.
+no K/V copy, whatever kernel SDPA picks. (``enable_gqa=True`` with a mask does the same on CPU, about
+as fast here; transformers itself only uses it without a mask on CUDA, where not every masked kernel
+implements it. Neither was measured on a GPU.) Only the mask is tiled g times, once per forward (all
+layers share it): g·T·S bytes against 2·h·S·D·itemsize per layer for the K/V repeat.
 
 `TreeMask` keeps the boolean tree mask of a whole generation in one buffer: the prefix columns are
 always visible, so a step only rewrites the previous tree's block (now prefix) and its own.
+Measured on this project's CPU (`scripts/bench_target_step.py`, `results/target-step-cpu/`).
 
 `TreeRunner` switches an ``sdpa`` target whose attention dispatches through the interface
 (``_supports_attention_backend``) to this function for the duration of each of its forwards only.

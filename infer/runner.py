@@ -28,6 +28,8 @@ from infer.cache import compact, ensure_capacity, new_cache, new_static_cache
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask, sliding_window
 
+TREE_SLOTS = 64  # room planned for one tree beyond max_len; mask buffer and static cache grow if exceeded
+
 
 class TreeRunner:
     """Owns the target's KV cache for one generation (batch size 1).
@@ -37,7 +39,7 @@ class TreeRunner:
     max_len: the longest sequence expected (prompt + new tokens), to size the mask buffer once;
     tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
     head, one boolean mask buffer per generation) instead of transformers' sdpa with a float mask;
-    static: with tree attention, keep the KV in transformers' ``StaticCache`` of max_len + 64 slots
+    static: with tree attention, keep the KV in transformers' ``StaticCache`` of max_len + TREE_SLOTS slots
     (grown if a tree needs more), written in place, instead of a ``DynamicCache``.
     Sliding-window models keep a ``DynamicCache`` and the float masks of `infer.tree.attention_mask`,
     rebuilt per step.
@@ -66,10 +68,10 @@ class TreeRunner:
             register()
             if sliding_window(self.text_cfg) is None:
                 device = next(target.parameters()).device
-                self.mask = TreeMask(64, max_len + 64, device)
+                self.mask = TreeMask(TREE_SLOTS, max_len + TREE_SLOTS, device)
                 self.static = static
                 if static:
-                    self.cache = new_static_cache(target.config, max_len + 64)
+                    self.cache = new_static_cache(target.config, max_len + TREE_SLOTS)
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux

@@ -87,8 +87,9 @@ VERIFY_WAYS = {  # TreeRunner options per way of verifying
 
 
 def verify_child(lengths: list[int], repeats: int) -> list[dict]:
-    """Per context length: median ms of one 16-node verify + accept per way, and of a plain 1-token
-    decode forward of the stock model (what target.generate runs per token)."""
+    """Per context length: median (and min) ms of one 16-node verify + accept per way, and of a plain
+    1-token decode forward of the stock model (what target.generate runs per token); the ways and
+    the decode take turns in every round."""
     import torch
 
     from heads.graft import run_target_lean
@@ -105,24 +106,27 @@ def verify_child(lengths: list[int], repeats: int) -> list[dict]:
         ids = torch.randint(3, CONFIG["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
         row = {"context": length, "tree_nodes": tb.parents.shape[0]}
         with torch.inference_mode():
-            for way, options in VERIFY_WAYS.items():
-                runner = TreeRunner(model, max_len=length + 64 * repeats, **options)
+            runners = {
+                w: TreeRunner(model, max_len=length + 64 * repeats, **o) for w, o in VERIFY_WAYS.items()
+            }
+            for runner in runners.values():
                 runner.prefill(ids)
-                times = []
-                for _ in range(repeats + 1):  # the first is a warm-up
+            cache = new_cache()
+            run_target_lean(model, ids, cache=cache, use_cache=True)
+            times: dict[str, list[float]] = {w: [] for w in [*runners, "decode1"]}
+            for k in range(repeats + 1):  # interleaved, so the machine's load drifts over all ways alike
+                for way, runner in runners.items():
                     t = time.perf_counter()
                     runner.verify(tree)
                     runner.accept(keep)
-                    times.append(time.perf_counter() - t)
-                row[f"verify_{way}_ms"] = 1000 * statistics.median(times[1:])
-            cache = new_cache()
-            run_target_lean(model, ids, cache=cache, use_cache=True)
-            times = []
-            for k in range(repeats + 1):
+                    times[way].append(time.perf_counter() - t)
                 t = time.perf_counter()
                 model(ids[:, k : k + 1], past_key_values=cache, use_cache=True)
-                times.append(time.perf_counter() - t)
-            row["decode1_ms"] = 1000 * statistics.median(times[1:])
+                times["decode1"].append(time.perf_counter() - t)
+        for way, ts in times.items():  # the first round is a warm-up
+            name = way if way == "decode1" else f"verify_{way}"
+            row[f"{name}_ms"] = 1000 * statistics.median(ts[1:])
+            row[f"{name}_min_ms"] = 1000 * min(ts[1:])
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
     return rows
@@ -187,11 +191,13 @@ def main() -> None:
             f"{l_['peak_extra_mb']:.0f} |"
         )
     ways = list(VERIFY_WAYS)
-    lines += [f"\n## one step after a cached context (median ms; tree of {verify[0]['tree_nodes']} nodes)\n"]
+    nodes = verify[0]["tree_nodes"]
+    lines += [f"\n## one step after a cached context (median (min) ms; tree of {nodes} nodes)\n"]
     lines += ["| context | " + " | ".join(f"verify: {w}" for w in ways) + " | decode 1 token (stock) |"]
     lines += ["|---|" + "---|" * (len(ways) + 1)]
     for r in verify:
-        cells = [f"{r[f'verify_{w}_ms']:.1f}" for w in ways] + [f"{r['decode1_ms']:.1f}"]
+        cells = [f"{r[f'verify_{w}_ms']:.1f} ({r[f'verify_{w}_min_ms']:.1f})" for w in ways]
+        cells.append(f"{r['decode1_ms']:.1f} ({r['decode1_min_ms']:.1f})")
         lines.append(f"| {r['context']} | " + " | ".join(cells) + " |")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
