@@ -10,12 +10,12 @@ Two measurements, on the demo target's held-out prompts, in one process:
    speedup (ratio of medians to target.generate), τ and efficiency = speedup / τ. Greedy outputs
    are compared with target.generate (in bf16 a near-tie argmax can flip, see README).
 2. **Split** of the decode steps into: draft (the proposer's propose/advance), mask (building the
-   4D tree mask), verify (the target forward), accept (the acceptance rule), compact (KV cache
-   compaction) and other (the loop's own bookkeeping: the host sync, emitting, streaming and, when
-   sampling, the warped softmax over the tree's logits). It is measured by wrapping the functions
-   `infer.generate.speculative_generate` calls with wall-clock timers (CUDA-synchronised on GPU), so
-   it needs no change to the loop; the wrapped run is separate from the speed run, whose timings stay
-   unperturbed.
+   4D tree mask, or updating the tree-attention mask buffer), verify (the target forward), accept
+   (the acceptance rule), compact (KV cache compaction) and other (the loop's own bookkeeping: the
+   host sync, emitting, streaming and, when sampling, the warped softmax over the tree's logits). It
+   is measured by wrapping the functions `infer.generate.speculative_generate` and its
+   `infer.runner.TreeRunner` call with wall-clock timers (CUDA-synchronised on GPU), so it needs no
+   change to the loop; the wrapped run is separate from the speed run, whose timings stay unperturbed.
 
 ``--cprofile`` additionally prints the top functions by own time (cProfile) for each head.
 The machine's other load shows up directly in the numbers: repeat and read the medians.
@@ -76,7 +76,8 @@ def split_timers(split: Split, model: infer.SpecModel):
     proposer's methods."""
     names = {
         (R, "run_target_lean"): "verify",
-        (R, "attention_mask"): "mask",
+        (R, "attention_mask"): "mask",  # float masks (eager targets, sliding windows)
+        (R.TreeMask, "__call__"): "mask",  # the tree-attention mask buffer (sdpa targets)
         (R, "compact"): "compact",
         (G, "accept_greedy"): "accept",
         (G, "accept_exact"): "accept",
