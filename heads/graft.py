@@ -318,3 +318,74 @@ def run_target(
     )
     hs = out.hidden_states
     return TargetOutput(logits=out.logits, hidden=hs[-1], aux=tuple(hs[i] for i in aux_layers))
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM (or a PeftModel around one): the ``nn.ModuleList`` of
+    ``num_hidden_layers`` modules directly under its base model (``model.layers``, GPT-2's ``h``...)."""
+    base = unwrap_peft(model).base_model
+    n = num_layers(model)
+    for child in base.children():
+        if isinstance(child, nn.ModuleList) and len(child) == n:
+            return child
+    raise ValueError(f"cannot find the {n} decoder layers of {type(base).__name__}")
+
+
+@functools.lru_cache(maxsize=32)
+def _takes_logits_to_keep(model_cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
+
+
+def run_target_lean(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    aux_layers: Sequence[int] = (),
+    logits_to_keep: int = 1,
+    **forward_kwargs,
+) -> TargetOutput:
+    """`run_target` for inference: logits of the last ``logits_to_keep`` positions only (0: all), and
+    only the hidden states the heads read, caught with forward hooks instead of ``output_hidden_states``.
+
+    Returns logits [B, logits_to_keep, V] (or [B, T, V]), hidden [B, T, H] (the base model's output:
+    the last layer after the final norm, = ``hidden_states[-1]``), aux [B, T, H] per requested
+    ``hidden_states`` index i (the input of decoder layer i; i = num_layers is ``hidden``). The model's
+    own head runs with ``logits_to_keep``, so final soft-capping or logit scaling still applies; a model
+    whose forward lacks that argument gets its logits sliced after the full head. A 4K-token prefill of
+    a 128K-vocab model then keeps one row of logits instead of 4K, and no per-layer states.
+    """
+    inner = unwrap_peft(model)
+    n = num_layers(model)
+    wanted = [i + n + 1 if i < 0 else i for i in aux_layers]
+    ids = sorted(set(wanted))
+    if any(not 0 <= i <= n for i in ids):
+        raise ValueError(f"aux layer ids {list(aux_layers)} out of range for {n} layers")
+    caught: dict[int, Tensor] = {}
+
+    def catch_output(module, args, output) -> None:
+        caught[n] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    def catch_input(i: int):
+        def hook(module, args, kwargs) -> None:
+            caught[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    handles = [inner.base_model.register_forward_hook(catch_output)]
+    layers = decoder_layers(inner) if any(i < n for i in ids) else []
+    handles += [layers[i].register_forward_pre_hook(catch_input(i), with_kwargs=True) for i in ids if i < n]
+    if "cache" in forward_kwargs:
+        forward_kwargs[_cache_kwarg(type(inner))] = forward_kwargs.pop("cache")
+    lean = logits_to_keep > 0 and _takes_logits_to_keep(type(inner))
+    if lean:
+        forward_kwargs["logits_to_keep"] = logits_to_keep
+    try:
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=False, **forward_kwargs
+        )
+    finally:
+        for h in handles:
+            h.remove()
+    logits = out.logits if lean or logits_to_keep == 0 else out.logits[:, -logits_to_keep:]
+    return TargetOutput(logits=logits, hidden=caught[n], aux=tuple(caught[i] for i in wanted))

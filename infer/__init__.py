@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
@@ -52,6 +53,7 @@ class SpecModel:
             raise ValueError(f"target must be a transformers causal LM, got {type(self.target).__name__}")
         if not isinstance(self.heads, nn.Module) or not hasattr(self.heads, "config"):
             raise ValueError(f"heads must be selfspec draft heads, got {type(self.heads).__name__}")
+        check_target(self.target)  # ALiBi, recurrent layers, flash attention...: refused, not inexact
         self.heads.config.check_target(self.target)
         self.heads.config.check_identity(self.target, self.allow_other_target)
         if self.tree is not None:
@@ -156,6 +158,7 @@ def load(
         recorded = read_config(heads_dir).get("target_adapter")
     else:
         heads_dir, recorded = None, getattr(heads.config, "target_adapter", None)
+    check_attn_implementation(attn_implementation)  # before loading any weights
     if isinstance(target, str):
         if adapter is None and recorded is not None:
             adapter = adapter_location(heads_dir, recorded)

@@ -11,8 +11,8 @@ Greedy output is token-identical to ``target.generate(do_sample=False)``; sample
 "exact"``) follows the target's warped distribution exactly. The only host sync per step is reading
 the accepted tokens back (needed to stop at EOS / ``max_new_tokens`` and to size the cache).
 
-``timing=True`` splits the wall-clock time into draft (the proposer), verify (target forwards) and
-bookkeeping (the rest: acceptance, cache compaction, mask building, streaming); on CUDA it synchronises
+``timing=True`` splits the wall-clock time into draft (the proposer), verify (target forwards and their
+masks) and bookkeeping (the rest: acceptance, cache compaction, streaming); on CUDA it synchronises
 around each section, so it is off by default to keep the loop at one host sync per step.
 """
 
@@ -26,10 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from heads.graft import run_target
-from infer.cache import compact, new_cache
 from infer.draft import Proposer
-from infer.tree import attention_mask
+from infer.runner import TreeRunner
 from infer.verify import accept_exact, accept_greedy, accept_typical, sample_from
 
 # GenerationConfig fields whose logits processors this loop does not apply. Refusing them keeps the
@@ -67,9 +65,9 @@ class GenerationStats:
     Medusa and EAGLE papers do. ``num_target_forwards`` counts the prefill too.
 
     With ``generate(..., timing=True)`` (else None): ``total_time_s`` is the whole call;
-    ``verify_time_s`` all target forwards, the prefill included; ``draft_time_s`` the proposer's
-    ``start``/``propose``/``advance``; ``bookkeeping_time_s`` = total - draft - verify (config, mask
-    building, acceptance, the host sync, cache compaction, streaming)."""
+    ``verify_time_s`` all target forwards with their tree masks, the prefill included;
+    ``draft_time_s`` the proposer's ``start``/``propose``/``advance``; ``bookkeeping_time_s`` = total -
+    draft - verify (config, acceptance, the host sync, cache compaction, streaming)."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     num_target_forwards: int = 0
@@ -318,7 +316,7 @@ def speculative_generate(
             f"generator is on {generator.device}, the target on {device}: create it on {device.type}"
         )
     warp = _warpers(gc) if sampling else None
-    text_cfg = target.config.get_text_config()
+    runner = TreeRunner(target, proposer.aux_layers, max_len=T + limit)  # refuses what it cannot verify
     stats = GenerationStats()
     if timing:
         stats.draft_time_s = stats.verify_time_s = 0.0
@@ -356,8 +354,7 @@ def speculative_generate(
     # prefill
     t0 = tick()
     draft_s = verify_s = 0.0
-    cache = new_cache()
-    out = run_target(target, input_ids, aux_layers=proposer.aux_layers, cache=cache, use_cache=True)
+    out = runner.prefill(input_ids)
     verify_s += tick() - t0
     last = out.logits[0, -1:].float()
     root = (sample_from(probs_of(last), generator) if sampling else last.argmax(-1))[0]
@@ -366,7 +363,6 @@ def speculative_generate(
     draft_s += tick() - t_draft
     stats.num_target_forwards = 1
     done = emit([int(root)])
-    past = T
     t1 = time.perf_counter()
     stats.prefill_s = t1 - t0
 
@@ -374,17 +370,8 @@ def speculative_generate(
         t_draft = tick()
         tree = proposer.propose(root, max_depth=limit - len(new) - 1)
         draft_s += tick() - t_draft
-        mask = attention_mask(tree.ancestors, tree.depth, past, target.dtype, text_cfg)
         t_verify = tick()
-        out = run_target(
-            target,
-            tree.tokens[None],
-            mask,
-            aux_layers=proposer.aux_layers,
-            position_ids=(past + tree.depth)[None],
-            cache=cache,
-            use_cache=True,
-        )
+        out = runner.verify(tree)
         verify_s += tick() - t_verify
         logits = out.logits[0]  # [N+1, V]
         if not sampling:
@@ -399,8 +386,7 @@ def speculative_generate(
         ).tolist()
         n, bonus, path_tokens = host[0], host[1], host[2 : 2 + host[0]]
         keep = acc.path[:n]
-        compact(cache, past, keep)
-        past += n
+        runner.accept(keep)
         t_draft = tick()
         proposer.advance(tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
         draft_s += tick() - t_draft

@@ -392,7 +392,7 @@ def attention_mask(
     neg = torch.finfo(dtype).min
     tree_part = torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(~ancestors, neg)
     full = torch.cat([torch.zeros(n, past_len, dtype=dtype, device=device), tree_part], 1)[None, None]
-    window = _sliding_window(config)
+    window = sliding_window(config)
     if window is None:
         return full
     q_pos = past_len + depth  # [N+1]
@@ -406,7 +406,8 @@ def attention_mask(
     return sliding
 
 
-def _sliding_window(config) -> int | None:
+def sliding_window(config) -> int | None:
+    """The sliding window of the attention layers of ``config`` that have one, or None."""
     if config is None:
         return None
     window = getattr(config, "sliding_window", None)

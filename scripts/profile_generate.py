@@ -10,12 +10,12 @@ Two measurements, on the demo target's held-out prompts, in one process:
    speedup (ratio of medians to target.generate), τ and efficiency = speedup / τ. Greedy outputs
    are compared with target.generate (in bf16 a near-tie argmax can flip, see README).
 2. **Split** of the decode steps into: draft (the proposer's propose/advance), mask (building the
-   4D tree mask), verify (the target forward), accept (the acceptance rule), compact (KV cache
-   compaction) and other (the loop's own bookkeeping: the host sync, emitting, streaming and, when
-   sampling, the warped softmax over the tree's logits). It is measured by wrapping the functions
-   `infer.generate.speculative_generate` calls with wall-clock timers (CUDA-synchronised on GPU), so
-   it needs no change to the loop; the wrapped run is separate from the speed run, whose timings stay
-   unperturbed.
+   4D tree mask, or updating the tree-attention mask buffer), verify (the target forward), accept
+   (the acceptance rule), compact (KV cache compaction) and other (the loop's own bookkeeping: the
+   host sync, emitting, streaming and, when sampling, the warped softmax over the tree's logits). It
+   is measured by wrapping the functions `infer.generate.speculative_generate` and its
+   `infer.runner.TreeRunner` call with wall-clock timers (CUDA-synchronised on GPU), so it needs no
+   change to the loop; the wrapped run is separate from the speed run, whose timings stay unperturbed.
 
 ``--cprofile`` additionally prints the top functions by own time (cProfile) for each head.
 The machine's other load shows up directly in the numbers: repeat and read the medians.
@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import infer  # noqa: E402
 
 G = importlib.import_module("infer.generate")  # the module (``infer.generate`` is also the function)
+R = importlib.import_module("infer.runner")  # the target side of the loop (forwards, masks, cache)
 
 SECTIONS = ("draft", "mask", "verify", "accept", "compact", "other")
 
@@ -71,16 +72,18 @@ class Split:
 
 @contextlib.contextmanager
 def split_timers(split: Split, model: infer.SpecModel):
-    """Wrap the names `speculative_generate` looks up in its module, and the proposer's methods."""
+    """Wrap the names `speculative_generate` and its `TreeRunner` look up in their modules, and the
+    proposer's methods."""
     names = {
-        "run_target": "verify",
-        "attention_mask": "mask",
-        "compact": "compact",
-        "accept_greedy": "accept",
-        "accept_exact": "accept",
-        "accept_typical": "accept",
+        (R, "run_target_lean"): "verify",
+        (R, "attention_mask"): "mask",  # float masks (eager targets, sliding windows)
+        (R.TreeMask, "__call__"): "mask",  # the tree-attention mask buffer (sdpa targets)
+        (R, "compact"): "compact",
+        (G, "accept_greedy"): "accept",
+        (G, "accept_exact"): "accept",
+        (G, "accept_typical"): "accept",
     }
-    saved = {n: getattr(G, n) for n in names if hasattr(G, n)}
+    saved = {(mod, n): getattr(mod, n) for mod, n in names}  # a renamed function fails here, loudly
     orig_proposer = model.proposer
 
     def proposer(*a, **kw):
@@ -91,13 +94,13 @@ def split_timers(split: Split, model: infer.SpecModel):
         return p
 
     try:
-        for n, fn in saved.items():
-            setattr(G, n, split.wrap(names[n], fn))
+        for (mod, n), fn in saved.items():
+            setattr(mod, n, split.wrap(names[mod, n], fn))
         model.proposer = proposer
         yield
     finally:
-        for n, fn in saved.items():
-            setattr(G, n, fn)
+        for (mod, n), fn in saved.items():
+            setattr(mod, n, fn)
         model.proposer = orig_proposer
 
 
