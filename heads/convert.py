@@ -16,8 +16,8 @@ medusa      ``vllm``         vLLM ``MedusaModel``: ``blocks.{h}.layers.{l}.weigh
                              ``original_lm_head: true`` when the heads reuse the target's lm_head)
 medusa      ``medusa``       original Medusa: ``medusa_num_heads``/``medusa_num_layers`` config and
                              ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.*`` and ``{h}.{L}.weight``
-eagle       ``sglang``       SGLang ``LlamaForCausalLMEagle``: Llama config with one layer, ``fc.*``,
-                             ``layers.0.*`` (no ``input_layernorm``)
+eagle       ``sglang``       SGLang ``LlamaForCausalLMEagle`` (``Qwen2ForCausalLMEagle``): one-layer
+                             config, ``fc.*``, ``layers.0.*`` (no ``input_layernorm``), no ``bias`` key
 eagle       ``vllm``         vLLM EAGLE (``LlamaForCausalLM`` -> ``EagleLlamaForCausalLM``), same keys
 eagle3      ``sglang``       HF/SGLang ``LlamaForCausalLMEagle3``: ``fc``, ``midlayer.*``, ``norm``,
                              ``lm_head``, ``d2t``, ``t2d``; aux ids in SGLang's convention
@@ -25,7 +25,9 @@ eagle3      ``speculators``  vLLM speculators ``Eagle3Speculator`` (``vllm`` is 
                              ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``; vLLM's convention
 =========== ================ =====================================================================
 
-Medusa -> SGLang is refused (SGLang has no Medusa drafter).
+Medusa -> SGLang is refused (SGLang has no Medusa drafter; neither has vLLM 0.33: ``--to vllm`` is
+for vLLM <= 0.32). ``--to medusa`` also writes ``medusa_lm_head.pt`` (tensors only), the file
+FasterDecoding's loader reads. With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``.
 
 **Target weights in a draft** (DESIGN.md §8: never, unless a format strictly requires them). No export
 writes the target's embedding. Two Medusa formats must hold the target's lm_head when selfspec's heads
@@ -46,8 +48,9 @@ of decoder layer i (the output of layer i-1), see `heads.eagle3`. The engines di
   layers: a configured id j means "the output of layer j", i.e. selfspec id j + 1. (With no ids
   configured it captures ``[2, L//2, L-3]`` without the +1, which is selfspec's default.)
 
-So the SGLang export writes ``id - 1`` and the speculators export writes ``id`` unchanged; importing
-inverts this. selfspec id 0 (the embedding output) would be -1 for SGLang and is refused. Serving the
+So the SGLang export writes ``id - 1`` (id 0, the embedding output, is -1: the input of layer 0, which
+SGLang accepts) and the speculators export writes ``id`` unchanged; importing inverts this. Both engines
+capture in sorted, de-duplicated order, so ids that are not distinct and increasing are refused. Serving the
 SGLang-format directory with vLLM is not recommended: vLLM versions that read the nested
 ``eagle_config`` ids use them as-is, one layer off.
 
@@ -60,13 +63,13 @@ SGLang's ``LlamaDecoderLayer`` for EAGLE-3 does unconditionally; that is specula
 ``norm_before_residual`` to ``true``, so the export always writes ``false`` explicitly, and an import
 of a checkpoint whose layer norms before the residual (or does not say) is refused.
 
-**Architectures.** The engines rebuild the draft layer as a *Llama* layer, so only targets whose
-decoder layer is a Llama layer (``llama``, ``mistral``: no q/k/v or MLP bias, RMSNorm, SiLU MLP, no
-q/k norm) export to the engine formats; others (Qwen2's qkv bias, Qwen3's q/k norms, Gemma2's extra
-norms and soft-capping, Phi-3's fused projections) raise instead of producing a file that an engine
-would load into the wrong function. Imports rebuild the layer from the *target's* config class
-(as `heads.eagle` always does) and load the weights strictly, so any architecture whose keys match
-imports.
+**Draft layers** (`draft_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
+draft classes for any target (the layer's config is the recorded ``draft_layer_config``);
+``draft_layer: target`` heads export where an engine has that family's draft class: Llama/Mistral
+(Llama classes), Qwen3 EAGLE-3 (vLLM ``Eagle3Qwen3ForCausalLM``, HF layout with ``num_aux_layers``),
+Qwen2 EAGLE-1 (SGLang ``Qwen2ForCausalLMEagle``); anything else raises a one-line ``ValueError``.
+tests/test_engines.py loads every claimed pair with the engines' own code. Imports rebuild the layer
+from the *target's* config class (as `heads.eagle` always does) and load the weights strictly.
 """
 
 from __future__ import annotations

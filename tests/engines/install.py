@@ -77,7 +77,7 @@ def _write_stubs(py: str, modules: tuple[str, ...]) -> None:
         f.write(text)
     with open(os.path.join(site, "_selfspec_stubs.pth"), "w") as f:
         f.write("import _selfspec_stubs\n")
-    for mod in modules:  # a dist-info, so importlib.metadata (transformers' checks) finds a version
+    for mod in set(modules) & {"torchvision"}:  # transformers parses its version: give it a dist-info
         info = os.path.join(site, f"{mod}-0.0.0+stub.dist-info")
         os.makedirs(info, exist_ok=True)
         with open(os.path.join(info, "METADATA"), "w") as f:
