@@ -63,7 +63,7 @@ SGLang's ``LlamaDecoderLayer`` for EAGLE-3 does unconditionally; that is specula
 ``norm_before_residual`` to ``true``, so the export always writes ``false`` explicitly, and an import
 of a checkpoint whose layer norms before the residual (or does not say) is refused.
 
-**Draft layers** (`draft_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
+**Draft layers** (`engine_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
 draft classes for any target (the layer's config is the recorded ``draft_layer_config``);
 ``draft_layer: target`` heads export where an engine has that family's draft class: Llama/Mistral
 (Llama classes), Qwen3 EAGLE-3 (vLLM ``Eagle3Qwen3ForCausalLM``, HF layout with ``num_aux_layers``),
@@ -292,7 +292,7 @@ def check_aux_ids(ids: list[int], what: str) -> None:
         )
 
 
-def draft_layer_config(cfg: dict[str, Any], head: str, engine: str) -> tuple[str, dict[str, Any]]:
+def engine_layer_config(cfg: dict[str, Any], head: str, engine: str) -> tuple[str, dict[str, Any]]:
     """(layer family, one-layer config in the engines' keys) of the draft layer an engine must rebuild.
 
     ``draft_layer: llama`` heads (any target) and ``target`` heads on a Llama-compatible target give a
@@ -341,7 +341,7 @@ def eagle_to_engine(
     """
     if engine not in ("sglang", "vllm"):
         raise ValueError(f"EAGLE-1 exports to sglang or vllm, not {engine!r}")
-    family, layer = draft_layer_config(_with_dtype(cfg, state), "eagle", engine)
+    family, layer = engine_layer_config(_with_dtype(cfg, state), "eagle", engine)
     H = cfg["hidden_size"]
     out = dict(state)
     if engine == "sglang":
@@ -391,7 +391,7 @@ def _eagle3_layer_state(state: dict[str, Tensor], prefix: str, full_vocab: bool)
 def _eagle3_common(state: dict[str, Tensor], cfg: dict[str, Any], engine: str):
     ids = [int(i) for i in cfg["aux_layer_ids"]]
     check_aux_ids(ids, f"EAGLE-3 heads to {engine}")
-    family, layer = draft_layer_config(_with_dtype(cfg, state), "eagle3", engine)
+    family, layer = engine_layer_config(_with_dtype(cfg, state), "eagle3", engine)
     Vd = int(state["lm_head.weight"].shape[0])
     return ids, family, layer, Vd, Vd == cfg["vocab_size"]
 

@@ -3,7 +3,7 @@
 Each engine is installed from its PyPI wheel into a cached venv of its own (`tests/engines/install.py`:
 ``--no-deps``, the CPU torch build, exact pure-Python dependencies; import-only stand-ins for the
 CUDA-only ``torchvision`` and ``sgl_kernel`` under SGLang, none under vLLM). For every pair of
-`tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2; 4 layers) are
+`tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2, Phi-3; 4 layers) are
 exported with ``scripts/export_heads.py``'s code and loaded in a subprocess inside that venv by
 `tests/engines/vllm_check.py` or `sglang_check.py`: the engine's own argument parser (the README's serve
 flags), config parsing, registry, draft construction, ``load_weights`` and embedding/lm_head sharing.
@@ -187,4 +187,4 @@ def test_vllm_033_has_no_medusa(results):
 @pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=[c[0] for c in CASES if not c[5]])
 def test_refusals_are_one_line(results, case):
     msg = results[0][case[0]]["refused_by_export"]
-    assert "\n" not in msg and "because" in msg or ":" in msg, msg
+    assert "\n" not in msg and len(msg) < 400, msg
