@@ -54,10 +54,11 @@ def _randomise(module, seed: int):
 
 
 def _heads(head: str, layer: str, target):
-    if head == "medusa":
-        return _randomise(MedusaHeads.for_target(target, num_heads=2, num_layers=1), 1)
-    if head == "eagle":
-        return _randomise(EagleHead.for_target(target, bias=False, draft_layer=layer), 2)
+    if head.startswith("medusa"):
+        lm = "own" if head == "medusaown" else "target"
+        return _randomise(MedusaHeads.for_target(target, num_heads=2, num_layers=1, lm_head=lm), 1)
+    if head.startswith("eagle") and not head.startswith("eagle3"):
+        return _randomise(EagleHead.for_target(target, bias=head == "eaglebias", draft_layer=layer), 2)
     full = head == "eagle3full"
     h = Eagle3Head.for_target(target, draft_vocab_size=None if full else VD, aux_layer_ids=[0, 2, 3],
                               draft_layer=layer)
@@ -105,7 +106,7 @@ def results(tmp_path_factory):
         if key not in heads:
             heads[key] = _heads(head, layer, targets[arch])
         draft = os.path.join(tmp, cid)
-        lm = targets[arch].get_output_embeddings().weight if head == "medusa" else None
+        lm = targets[arch].get_output_embeddings().weight if head.startswith("medusa") else None
         try:
             export_heads(heads[key], draft, to, lm)
         except ValueError as e:
@@ -130,7 +131,7 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
         return False, "refused: " + r["refused_by_export"]
     if not r.get("ok"):
         err = r["error"]
-        if head == "medusa" and "SpeculativeConfig" in err and "'medusa'" in err:
+        if head.startswith("medusa") and "SpeculativeConfig" in err and "'medusa'" in err:
             return False, "not served: the engine's SpeculativeConfig has no `medusa` method (validation error)"
         return False, "engine error: " + err.splitlines()[0][:160]
     problems = [f"{k} {r[k]}" for k in ("never_loaded", "dropped", "shape_problems") if r[k]]
@@ -149,7 +150,8 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
 def _write(rows: dict, expected: dict, tmp: str) -> None:
     from install import ENGINES
 
-    head_names = {"medusa": "Medusa", "eagle": "EAGLE-1", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)"}
+    head_names = {"medusa": "Medusa", "medusaown": "Medusa (own lm_heads)", "eagle": "EAGLE-1",
+                  "eaglebias": "EAGLE-1 (fc bias)", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)"}
     lines = ["| heads | draft layer | target | `--to` | engine | result |", "|---|---|---|---|---|---|"]
     for case in CASES:
         cid, head, layer, arch, to, engine, _ = case

@@ -9,6 +9,7 @@ from __future__ import annotations
 # id, head, draft_layer, target arch, --to, engine venv (install.ENGINES key) or None, method
 CASES: list[tuple[str, str, str, str, str, str | None, str]] = [
     ("medusa-llama-vllm032", "medusa", "-", "llama", "vllm", "vllm-0.32.0", "medusa"),
+    ("medusaown-llama-vllm032", "medusaown", "-", "llama", "vllm", "vllm-0.32.0", "medusa"),
     ("medusa-llama-vllm033", "medusa", "-", "llama", "vllm", "vllm-0.33.0", "medusa"),
     ("medusa-llama-sglang", "medusa", "-", "llama", "sglang", None, "medusa"),
     ("eagle-llama-llama-vllm", "eagle", "llama", "llama", "vllm", "vllm-0.33.0", "eagle"),
@@ -17,6 +18,8 @@ CASES: list[tuple[str, str, str, str, str, str | None, str]] = [
     ("eagle-llama-qwen3-sglang", "eagle", "llama", "qwen3", "sglang", "sglang-0.5.23", "eagle"),
     ("eagle-llama-phi3-vllm", "eagle", "llama", "phi3", "vllm", "vllm-0.33.0", "eagle"),
     ("eagle-llama-phi3-sglang", "eagle", "llama", "phi3", "sglang", "sglang-0.5.23", "eagle"),
+    ("eaglebias-llama-llama-sglang", "eaglebias", "llama", "llama", "sglang", "sglang-0.5.23", "eagle"),
+    ("eaglebias-llama-llama-vllm", "eaglebias", "llama", "llama", "vllm", None, "eagle"),
     ("eagle-target-llama-sglang", "eagle", "target", "llama", "sglang", "sglang-0.5.23", "eagle"),
     ("eagle-target-qwen2-sglang", "eagle", "target", "qwen2", "sglang", "sglang-0.5.23", "eagle"),
     ("eagle-target-qwen2-vllm", "eagle", "target", "qwen2", "vllm", None, "eagle"),
