@@ -17,11 +17,12 @@ import torch
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
 # Architectures the EAGLE heads' Llama draft layer (heads.options.draft_layer: llama) is tested on:
 # ARCHS, plus GPT-NeoX, Falcon, OLMo-2, Cohere, Phi (phi-1/2), StarCoder2, Granite, two mixture-of-experts
-# targets and Gemma-3 text (mixed sliding / full layers, a window shorter than the test contexts).
+# targets, Gemma-3 text (mixed sliding / full layers, a window shorter than the test contexts) and
+# EXAONE-4 (post-norm layers with q/k norms, sliding / full).
 DRAFT_ARCHS = [
     *ARCHS,
     *("gpt_neox", "falcon", "olmo2", "cohere", "phi", "starcoder2", "granite"),
-    *("qwen2_moe", "mixtral", "gemma3_text"),
+    *("qwen2_moe", "mixtral", "gemma3_text", "exaone4"),
 ]
 
 
@@ -109,6 +110,14 @@ def _draft_only_config(arch: str, heads: dict, common: dict):
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"] * (heads["num_hidden_layers"] // 2)
             + ["sliding_attention"] * (heads["num_hidden_layers"] % 2),
+            **common,
+        )
+    if arch == "exaone4":  # post-norm layers (no input norm), q/k norms, sliding and full layers
+        return tf.Exaone4Config(
+            **heads,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * (heads["num_hidden_layers"] // 2)
+            + ["full_attention"] * (heads["num_hidden_layers"] % 2),
             **common,
         )
     raise ValueError(arch)
