@@ -16,8 +16,8 @@ medusa      ``vllm``         vLLM ``MedusaModel``: ``blocks.{h}.layers.{l}.weigh
                              ``original_lm_head: true`` when the heads reuse the target's lm_head)
 medusa      ``medusa``       original Medusa: ``medusa_num_heads``/``medusa_num_layers`` config and
                              ``medusa_lm_head.safetensors`` with ``{h}.{l}.linear.*`` and ``{h}.{L}.weight``
-eagle       ``sglang``       SGLang ``LlamaForCausalLMEagle``: Llama config with one layer, ``fc.*``,
-                             ``layers.0.*`` (no ``input_layernorm``)
+eagle       ``sglang``       SGLang ``LlamaForCausalLMEagle`` (``Qwen2ForCausalLMEagle``): one-layer
+                             config, ``fc.*``, ``layers.0.*`` (no ``input_layernorm``), no ``bias`` key
 eagle       ``vllm``         vLLM EAGLE (``LlamaForCausalLM`` -> ``EagleLlamaForCausalLM``), same keys
 eagle3      ``sglang``       HF/SGLang ``LlamaForCausalLMEagle3``: ``fc``, ``midlayer.*``, ``norm``,
                              ``lm_head``, ``d2t``, ``t2d``; aux ids in SGLang's convention
@@ -25,7 +25,9 @@ eagle3      ``speculators``  vLLM speculators ``Eagle3Speculator`` (``vllm`` is 
                              ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``; vLLM's convention
 =========== ================ =====================================================================
 
-Medusa -> SGLang is refused (SGLang has no Medusa drafter).
+Medusa -> SGLang is refused (SGLang has no Medusa drafter; neither has vLLM 0.33: ``--to vllm`` is
+for vLLM <= 0.32). ``--to medusa`` also writes ``medusa_lm_head.pt`` (tensors only), the file
+FasterDecoding's loader reads. With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``.
 
 **Target weights in a draft** (DESIGN.md §8: never, unless a format strictly requires them). No export
 writes the target's embedding. Two Medusa formats must hold the target's lm_head when selfspec's heads
@@ -46,8 +48,9 @@ of decoder layer i (the output of layer i-1), see `heads.eagle3`. The engines di
   layers: a configured id j means "the output of layer j", i.e. selfspec id j + 1. (With no ids
   configured it captures ``[2, L//2, L-3]`` without the +1, which is selfspec's default.)
 
-So the SGLang export writes ``id - 1`` and the speculators export writes ``id`` unchanged; importing
-inverts this. selfspec id 0 (the embedding output) would be -1 for SGLang and is refused. Serving the
+So the SGLang export writes ``id - 1`` (id 0, the embedding output, is -1: the input of layer 0, which
+SGLang accepts) and the speculators export writes ``id`` unchanged; importing inverts this. Both engines
+capture in sorted, de-duplicated order, so ids that are not distinct and increasing are refused. Serving the
 SGLang-format directory with vLLM is not recommended: vLLM versions that read the nested
 ``eagle_config`` ids use them as-is, one layer off.
 
@@ -60,13 +63,13 @@ SGLang's ``LlamaDecoderLayer`` for EAGLE-3 does unconditionally; that is specula
 ``norm_before_residual`` to ``true``, so the export always writes ``false`` explicitly, and an import
 of a checkpoint whose layer norms before the residual (or does not say) is refused.
 
-**Architectures.** The engines rebuild the draft layer as a *Llama* layer, so only targets whose
-decoder layer is a Llama layer (``llama``, ``mistral``: no q/k/v or MLP bias, RMSNorm, SiLU MLP, no
-q/k norm) export to the engine formats; others (Qwen2's qkv bias, Qwen3's q/k norms, Gemma2's extra
-norms and soft-capping, Phi-3's fused projections) raise instead of producing a file that an engine
-would load into the wrong function. Imports rebuild the layer from the *target's* config class
-(as `heads.eagle` always does) and load the weights strictly, so any architecture whose keys match
-imports.
+**Draft layers** (`engine_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
+draft classes for any target (the layer's config is the recorded ``draft_layer_config``);
+``draft_layer: target`` heads export where an engine has that family's draft class: Llama/Mistral
+(Llama classes), Qwen3 EAGLE-3 (vLLM ``Eagle3Qwen3ForCausalLM``, HF layout with ``num_aux_layers``),
+Qwen2 EAGLE-1 (SGLang ``Qwen2ForCausalLMEagle``); anything else raises a one-line ``ValueError``.
+tests/test_engines.py loads every claimed pair with the engines' own code. Imports rebuild the layer
+from the *target's* config class (as `heads.eagle` always does) and load the weights strictly.
 """
 
 from __future__ import annotations
@@ -270,39 +273,83 @@ def medusa_to_original(
             out[f"{h}.{L}.weight"] = state[f"lm_heads.{h}.weight"]
     config = {
         "base_model_name_or_path": cfg.get("base_model_name_or_path"),
+        "hidden_size": cfg["hidden_size"],
+        "vocab_size": cfg["vocab_size"],
         "medusa_num_heads": K,
         "medusa_num_layers": L,
     }
     return config, out
 
 
+def check_aux_ids(ids: list[int], what: str) -> None:
+    """Both engines capture the aux hidden states in sorted, de-duplicated layer order (vLLM
+    ``tuple(sorted(set(layers)))``; SGLang in its layer loop), so heads trained on other ids would be fed
+    other features: refuse them."""
+    if list(ids) != sorted(set(ids)):
+        raise ValueError(
+            f"cannot export {what}: aux_layer_ids {list(ids)} are not distinct and increasing, but the engines "
+            "capture aux hidden states in sorted, de-duplicated layer order (the heads would get other features)"
+        )
+
+
+def engine_layer_config(cfg: dict[str, Any], head: str, engine: str) -> tuple[str, dict[str, Any]]:
+    """(layer family, one-layer config in the engines' keys) of the draft layer an engine must rebuild.
+
+    ``draft_layer: llama`` heads (any target) and ``target`` heads on a Llama-compatible target give a
+    Llama layer; ``target`` heads on Qwen3 (EAGLE-3, vLLM ``Eagle3Qwen3ForCausalLM``) or Qwen2 (EAGLE-1,
+    SGLang ``Qwen2ForCausalLMEagle``) give the target's own layer config; anything else is refused.
+    """
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    tc = cfg["target_config"]
+    dtype = cfg.get("_dtype", "float32")
+    if cfg.get("draft_layer", "target") == "llama":
+        return "llama", llama_draft_config({**tc, **cfg["draft_layer_config"]}, H, V, dtype)
+    mt = tc.get("model_type")
+    native = {("eagle3", "qwen3", "vllm"), ("eagle", "qwen2", "sglang")}
+    if (head, mt, engine) in native:
+        layer = {k: v for k, v in tc.items() if k not in ("architectures", "auto_map", "layer_types", "_name_or_path")}
+        layer.update(num_hidden_layers=1, tie_word_embeddings=False, vocab_size=V, torch_dtype=dtype)
+        return mt, layer
+    if mt not in LLAMA_COMPATIBLE:
+        where = {"eagle3": "vLLM has a Qwen3 EAGLE-3 draft class", "eagle": "SGLang has a Qwen2 EAGLE draft class"}
+        raise ValueError(
+            f"cannot export {head} heads with draft_layer: target on a {mt!r} target to {engine}: {engine} has no "
+            f"{mt} {head} draft class ({where.get(head, '')}); retrain with heads.options.draft_layer=llama, "
+            "whose Llama layer every engine serves"
+        )
+    check_llama_compatible(tc, f"{head} heads to {engine}")
+    return "llama", llama_draft_config(tc, H, V, dtype)
+
+
+def _with_dtype(cfg: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Any]:
+    return {**cfg, "_dtype": _dtype_name(state)}
+
+
 def eagle_to_engine(
     state: dict[str, Tensor], cfg: dict[str, Any], engine: str
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """selfspec EAGLE-1/2 (``fc.*``, ``layers.0.*``) -> SGLang ``LlamaForCausalLMEagle`` or vLLM EAGLE.
+    """selfspec EAGLE-1/2 (``fc.*``, ``layers.0.*``) -> SGLang ``LlamaForCausalLMEagle`` /
+    ``Qwen2ForCausalLMEagle`` or vLLM EAGLE (``LlamaForCausalLM`` -> ``EagleLlamaForCausalLM``).
 
     The keys are already the engines' (``layers.0`` has no ``input_layernorm``; both engines replace it
     by the identity on layer 0). The fc bias differs: SGLang's ``fc`` is ``nn.Linear(2H, H)`` and always
     has a bias, so a bias-free head gets a zero ``fc.bias`` (the same function; without it SGLang keeps
     its random init). vLLM's ``EagleLlamaForCausalLM`` builds ``fc`` without a bias and skips weights it
     has no parameter for, so a head with a non-zero bias cannot be served by vLLM and is refused
-    (train with ``heads.options.bias=false``, or serve with SGLang).
+    (train with ``heads.options.bias=false``, or serve with SGLang). No ``bias`` key is written: SGLang's
+    Llama layer reads ``config.bias`` as *attention* bias.
     """
     if engine not in ("sglang", "vllm"):
         raise ValueError(f"EAGLE-1 exports to sglang or vllm, not {engine!r}")
-    tc = cfg["target_config"]
-    check_llama_compatible(tc, f"EAGLE heads to {engine}")
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-    expected = {"fc.weight"} | {f"layers.0.{k}" for k in _LLAMA_LAYER_KEYS}
-    has_bias = "fc.bias" in state
-    _expect_keys(state, expected | ({"fc.bias"} if has_bias else set()), "EAGLE heads")
+    family, layer = engine_layer_config(_with_dtype(cfg, state), "eagle", engine)
+    H = cfg["hidden_size"]
     out = dict(state)
     if engine == "sglang":
-        if not has_bias:
+        if "fc.bias" not in out:
             out["fc.bias"] = torch.zeros(H, dtype=state["fc.weight"].dtype)
-        arch = "LlamaForCausalLMEagle"
+        arch = "Qwen2ForCausalLMEagle" if family == "qwen2" else "LlamaForCausalLMEagle"
     else:
-        if has_bias:
+        if "fc.bias" in out:
             if torch.count_nonzero(state["fc.bias"]):
                 raise ValueError(
                     "cannot export EAGLE heads with an fc bias to vLLM: vLLM's EAGLE draft "
@@ -313,34 +360,40 @@ def eagle_to_engine(
         arch = "LlamaForCausalLM"  # vLLM maps it to EagleLlamaForCausalLM for method "eagle"
     config = {
         "architectures": [arch],
-        **llama_draft_config(tc, H, V, _dtype_name(state)),
-        "bias": "fc.bias" in out,
+        **layer,
         "base_model_name_or_path": cfg.get("base_model_name_or_path"),
     }
     return config, out
 
 
-def _eagle3_layer_state(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """selfspec EAGLE-3 keys -> the engines' (``prefix`` = ``midlayer.`` or ``layers.0.``)."""
-    expected = {
-        "fc.weight",
-        "input_norm.weight",
-        "hidden_norm.weight",
-        "norm.weight",
-        "lm_head.weight",
-        "d2t",
-        "t2d",
-    } | {f"midlayer.{k}" for k in _LLAMA_LAYER_KEYS}
-    _expect_keys(state, expected, "EAGLE-3 heads")
+def _eagle3_layer_state(state: dict[str, Tensor], prefix: str, full_vocab: bool) -> dict[str, Tensor]:
+    """selfspec EAGLE-3 keys -> the engines' (``prefix`` = ``midlayer.`` or ``layers.0.``).
+
+    With the full target vocabulary no ``d2t``/``t2d`` is written: vLLM then has no
+    ``draft_id_to_target_id`` parameter (a ``d2t`` fails its load) and SGLang uses the identity."""
+    if "midlayer.self_attn.q_proj.weight" not in state or "fc.weight" not in state:
+        raise ValueError(f"EAGLE-3 heads: unexpected weight names {sorted(state)[:8]}")
     out = {k: v for k, v in state.items() if not k.startswith(("midlayer.", "input_norm.", "hidden_norm."))}
-    for k in _LLAMA_LAYER_KEYS:
-        out[prefix + k] = state[f"midlayer.{k}"]
+    for k, v in state.items():
+        if k.startswith("midlayer."):
+            out[prefix + k.removeprefix("midlayer.")] = v
     # the fusion's two norms live inside the engines' layer: input_layernorm is applied to the embedding
     out[prefix + "input_layernorm.weight"] = state["input_norm.weight"]
     out[prefix + "hidden_norm.weight"] = state["hidden_norm.weight"]
-    out["d2t"] = state["d2t"].to(torch.int64)
-    out["t2d"] = state["t2d"].to(torch.bool)
+    if full_vocab:
+        del out["d2t"], out["t2d"]
+    else:
+        out["d2t"] = state["d2t"].to(torch.int64)
+        out["t2d"] = state["t2d"].to(torch.bool)
     return out
+
+
+def _eagle3_common(state: dict[str, Tensor], cfg: dict[str, Any], engine: str):
+    ids = [int(i) for i in cfg["aux_layer_ids"]]
+    check_aux_ids(ids, f"EAGLE-3 heads to {engine}")
+    family, layer = engine_layer_config(_with_dtype(cfg, state), "eagle3", engine)
+    Vd = int(state["lm_head.weight"].shape[0])
+    return ids, family, layer, Vd, Vd == cfg["vocab_size"]
 
 
 def eagle3_to_sglang(
@@ -356,22 +409,14 @@ def eagle3_to_sglang(
     EaModel's target code captures the layers (2, L//2, L-3) whatever the config says, so it runs
     heads trained with other ``aux_layer_ids`` on other features.
     """
-    tc = cfg["target_config"]
-    check_llama_compatible(tc, "EAGLE-3 heads to sglang")
-    ids = [int(i) for i in cfg["aux_layer_ids"]]
-    if min(ids) < 1:
-        raise ValueError(
-            f"aux_layer_ids {ids}: id 0 (the embedding output) has no SGLang id (SGLang captures the input of "
-            "layer id+1, so it would be -1); train with ids >= 1 to serve with SGLang"
-        )
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-    out = _eagle3_layer_state(state, "midlayer.")
+    ids, _, layer, Vd, full = _eagle3_common(state, cfg, "sglang")
+    out = _eagle3_layer_state(state, "midlayer.", full)
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
-        **llama_draft_config(tc, H, V, _dtype_name(state)),
-        "draft_vocab_size": int(state["lm_head.weight"].shape[0]),
+        **layer,
+        "draft_vocab_size": Vd,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],  # id 0 -> -1: the input of layer 0
             "use_aux_hidden_state": True,
         },
         "base_model_name_or_path": cfg.get("base_model_name_or_path"),
@@ -382,15 +427,25 @@ def eagle3_to_sglang(
 def eagle3_to_speculators(
     state: dict[str, Tensor], cfg: dict[str, Any], speculative_tokens: int = 3
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """selfspec EAGLE-3 -> vLLM speculators ``Eagle3Speculator`` with vLLM's aux ids (= selfspec ids)."""
-    tc = cfg["target_config"]
-    check_llama_compatible(tc, "EAGLE-3 heads to speculators/vllm")
+    """selfspec EAGLE-3 -> vLLM speculators ``Eagle3Speculator`` with vLLM's aux ids (= selfspec ids); a
+    ``draft_layer: target`` head on a Qwen3 target -> vLLM's ``Eagle3Qwen3ForCausalLM`` (HF layout)."""
     if speculative_tokens < 1:
         raise ValueError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-    out = _eagle3_layer_state(state, "layers.0.")
-    layer_cfg = llama_draft_config(tc, H, V, _dtype_name(state))
-    layer_cfg["architectures"] = ["LlamaForCausalLM"]
+    ids, family, layer, Vd, full = _eagle3_common(state, cfg, "vllm")
+    out = _eagle3_layer_state(state, "layers.0.", full)
+    H = cfg["hidden_size"]
+    eagle3 = {
+        "draft_vocab_size": Vd,
+        "norm_before_residual": False,
+        "target_hidden_size": H,
+        "eagle_aux_hidden_state_layer_ids": ids,
+    }
+    if family == "qwen3":  # vLLM renames Qwen3ForCausalLM to Eagle3Qwen3ForCausalLM for method eagle3
+        config = {"architectures": ["Qwen3ForCausalLM"], **layer, **eagle3, "num_aux_layers": len(ids),
+                  "base_model_name_or_path": cfg.get("base_model_name_or_path")}
+        return config, out
+    layer_cfg = {**layer, "architectures": ["LlamaForCausalLM"]}
+    mt = cfg["target_config"].get("model_type")
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -400,14 +455,11 @@ def eagle3_to_speculators(
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
             "verifier": {
                 "name_or_path": cfg.get("base_model_name_or_path"),
-                "architectures": [_VERIFIER_ARCH[tc["model_type"]]],
+                "architectures": [_VERIFIER_ARCH.get(mt) or cfg["target_config"].get("architectures", [None])[0]],
             },
         },
         "transformer_layer_config": layer_cfg,
-        "draft_vocab_size": int(state["lm_head.weight"].shape[0]),
-        "norm_before_residual": False,
-        "target_hidden_size": H,
-        "eagle_aux_hidden_state_layer_ids": [int(i) for i in cfg["aux_layer_ids"]],
+        **eagle3,
         "torch_dtype": layer_cfg["torch_dtype"],
     }
     return config, out
@@ -479,9 +531,14 @@ def export_heads(
     state = _cpu(state)
     wpath, cpath = os.path.join(out_dir, name), os.path.join(out_dir, CONFIG_NAME)
     _atomic_write(wpath, lambda p: save_file(state, p, metadata={"format": "pt"}))
+    paths = [cpath, wpath]
+    if to == "medusa":  # FasterDecoding's MedusaModel.from_pretrained reads medusa_lm_head.pt (tensors only)
+        ppath = os.path.join(out_dir, "medusa_lm_head.pt")
+        _atomic_write(ppath, lambda p: torch.save(state, p))
+        paths.append(ppath)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     _atomic_write(cpath, lambda p: open(p, "w").write(text))
-    return [cpath, wpath]
+    return paths
 
 
 # ---------------------------------------------------------------------------------------------- import

@@ -176,12 +176,18 @@ def test_medusa_to_vllm_schema_and_round_trip(tmp_path, lm_head):
 def test_medusa_to_original_schema_and_round_trip(tmp_path, lm_head):
     heads = medusa(lm_head)
     export_heads(heads, str(tmp_path), "medusa", target().get_output_embeddings().weight)
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "medusa_lm_head.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "medusa_lm_head.pt", "medusa_lm_head.safetensors"]
     assert read_json(tmp_path / "config.json") == {
         "base_model_name_or_path": "tiny-random-llama",
+        "hidden_size": H,
+        "vocab_size": V,
         "medusa_num_heads": 3,
         "medusa_num_layers": 2,
     }
+    # FasterDecoding's loader reads medusa_lm_head.pt: the same tensors, and nothing but tensors
+    pt = torch.load(tmp_path / "medusa_lm_head.pt", weights_only=True)
+    st = load_file(str(tmp_path / "medusa_lm_head.safetensors"))
+    assert pt.keys() == st.keys() and all(torch.equal(pt[k], st[k]) for k in st)
     want = {
         f"{h}.{j}.linear.{p}": (H, H) if p == "weight" else (H,)
         for h in range(3)
@@ -215,8 +221,7 @@ def test_eagle_export_schema_and_round_trip(tmp_path, engine, bias):
     assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
     assert read_json(tmp_path / "config.json") == {
         "architectures": ["LlamaForCausalLMEagle" if engine == "sglang" else "LlamaForCausalLM"],
-        **LLAMA_DRAFT_CONFIG,
-        "bias": engine == "sglang",  # SGLang's fc always has a bias (a zero one if the head has none)
+        **LLAMA_DRAFT_CONFIG,  # no "bias" key: SGLang's Llama layer would read it as attention bias
         "base_model_name_or_path": "tiny-random-llama",
     }
     want = {"fc.weight": (H, 2 * H), **{f"layers.0.{k}": s for k, s in LLAMA_LAYER.items()}}
@@ -467,19 +472,48 @@ def test_unsupported_export_target(tmp_path):
         export_heads(eagle3(), str(tmp_path), "medusa")
 
 
-def test_non_llama_layers_are_refused(tmp_path):
-    q = tiny_model("qwen2", num_layers=L)
-    with pytest.raises(ValueError, match="'qwen2' layer, not a Llama layer"):
-        export_heads(EagleHead.for_target(q), str(tmp_path), "sglang")
-    with pytest.raises(ValueError, match="'qwen2' layer"):
-        export_heads(Eagle3Head.for_target(q), str(tmp_path), "speculators")
+def test_target_layers_without_an_engine_class_are_refused(tmp_path):
+    """draft_layer: target heads export only where an engine has that architecture's draft class."""
+    q2, q3 = tiny_model("qwen2", num_layers=L), tiny_model("qwen3", num_layers=L)
+    cases = [
+        (EagleHead.for_target(q2, draft_layer="target"), "vllm"),  # SGLang has Qwen2 EAGLE, vLLM not
+        (EagleHead.for_target(q3, draft_layer="target"), "sglang"),
+        (Eagle3Head.for_target(q3, draft_layer="target"), "sglang"),  # vLLM has Qwen3 EAGLE-3, SGLang not
+        (Eagle3Head.for_target(q2, draft_layer="target"), "speculators"),
+    ]
+    for head, to in cases:
+        with pytest.raises(ValueError, match=r"has no qwen\d \w+ draft class .*draft_layer=llama") as e:
+            export_heads(head, str(tmp_path / to), to)
+        assert "\n" not in str(e.value)
+    export_heads(Eagle3Head.for_target(q3, draft_layer="target"), str(tmp_path / "q3"), "vllm")
+    cfg = read_json(tmp_path / "q3" / "config.json")
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["num_aux_layers"] == 3
 
 
-def test_sglang_cannot_express_aux_id_zero(tmp_path):
-    with pytest.raises(ValueError, match="id 0 .* would be -1"):
-        export_heads(eagle3((0, 1, 2)), str(tmp_path), "sglang")
-    export_heads(eagle3((0, 1, 2)), str(tmp_path), "speculators")  # vLLM takes it as is
-    assert read_json(tmp_path / "config.json")["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+def test_aux_id_zero_exports_as_sglang_minus_one(tmp_path):
+    head = eagle3((0, 1, 2))
+    export_heads(head, str(tmp_path / "sg"), "sglang")  # SGLang captures the input of layer id+1
+    assert read_json(tmp_path / "sg" / "config.json")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]
+    assert load_heads(str(tmp_path / "sg"), target()).aux_layer_ids == (0, 1, 2)
+    export_heads(head, str(tmp_path / "v"), "speculators")  # vLLM takes it as is
+    assert read_json(tmp_path / "v" / "config.json")["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+
+
+def test_unsorted_aux_ids_are_refused(tmp_path):
+    head = eagle3((1, 2, 3))
+    head.config.aux_layer_ids = (3, 1, 2)  # a head saved before ids were checked at training time
+    for to in ("sglang", "speculators"):
+        with pytest.raises(ValueError, match="not distinct and increasing.*sorted, de-duplicated"):
+            export_heads(head, str(tmp_path), to)
+
+
+def test_full_vocab_eagle3_writes_no_vocab_map(tmp_path):
+    head = randomise(Eagle3Head.for_target(target(), aux_layer_ids=[1, 2, 3]), 3)
+    for to in ("sglang", "speculators"):
+        export_heads(head, str(tmp_path / to), to)
+        assert not {"d2t", "t2d"} & set(load_file(str(tmp_path / to / "model.safetensors")))
+        back = load_heads(str(tmp_path / to), target())
+        assert same(eagle3_logits(back, IDS), eagle3_logits(head, IDS))
 
 
 def test_unknown_head_type(tmp_path):
@@ -577,3 +611,30 @@ def test_export_cli(tmp_path, capsys):
     assert "loading target" not in capsys.readouterr().out  # EAGLE-3 exports hold no target weight
     with pytest.raises(ValueError, match="cannot be exported"):
         cli.main(["--heads", str(tmp_path / "heads"), "--to", "sglang", "--out", str(tmp_path / "x")])
+
+
+def test_readme_quotes_the_engine_support_table():
+    """The README's engine table is the one tests/test_engines.py generated from the engines' loaders."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "results", "engine-support", "table.md")) as f:
+        table = f.read()
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("<!-- engine-support table: generated by tests/test_engines.py")
+    block = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of engine-support table -->")]
+    assert block == table
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_llama_layer_export_describes_the_trained_layer(tmp_path, arch):
+    """A draft_layer: llama head's engine config is the Llama layer it was trained with (any target)."""
+    m = tiny_model(arch, num_layers=L)
+    head = Eagle3Head.for_target(m, aux_layer_ids=[1, 2, 3])
+    layer = head.config.draft_layer_config
+    for to, key in (("sglang", None), ("speculators", "transformer_layer_config")):
+        export_heads(head, str(tmp_path / to), to)
+        cfg = read_json(tmp_path / to / "config.json")
+        cfg = cfg[key] if key else cfg
+        sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+        assert {k: cfg[k] for k in (*sizes, "rms_norm_eps")} == {k: layer[k] for k in (*sizes, "rms_norm_eps")}
+        assert cfg["model_type"] == "llama" and cfg["rope_theta"] == layer["rope_parameters"]["rope_theta"]

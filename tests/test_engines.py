@@ -1,0 +1,192 @@
+"""Exports loaded by the serving engines' own code (vLLM 0.33 / 0.32, SGLang 0.5.23), on CPU. Slow.
+
+Each engine is installed from its PyPI wheel into a cached venv of its own (`tests/engines/install.py`:
+``--no-deps``, the CPU torch build, exact pure-Python dependencies; import-only stand-ins for the
+CUDA-only ``torchvision`` and ``sgl_kernel`` under SGLang, none under vLLM). For every pair of
+`tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2, Phi-3; 4 layers) are
+exported with ``scripts/export_heads.py``'s code and loaded in a subprocess inside that venv by
+`tests/engines/vllm_check.py` or `sglang_check.py`: the engine's own argument parser (the README's serve
+flags), config parsing, registry, draft construction, ``load_weights`` and embedding/lm_head sharing.
+Asserted per pair: every draft parameter loaded (NaN-filled before), no checkpoint tensor dropped (only
+``t2d``, which both engines skip by design, and SGLang's ``d2t``, which it turns into ``hot_token_id``,
+checked), the vocab map inside the target vocab, and the hidden states the engine captures equal to the
+heads' ``aux_layer_ids``. The results are written to ``results/engine-support/`` and the README quotes
+the table (tests/test_convert.py checks the quote).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from heads import Eagle3Head, EagleHead, MedusaHeads, build_vocab_map
+from heads.convert import export_heads
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
+from cases import CASES, RESULTS, TABLE  # noqa: E402
+from install import engine_python  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+L, VD = 4, 64
+SERVE = {  # the README's serve flags (local paths), plus the CPU test's --dtype/--max-model-len
+    "vllm": "--model {target} --speculative-config '{spec}' --skip-tokenizer-init --dtype float32 "
+    "--max-model-len 64 --enforce-eager",
+    "sglang": "--model-path {target} --speculative-algorithm {algo} --speculative-draft-model-path {draft} "
+    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --device cpu "
+    "--skip-tokenizer-init --dtype float32",
+}
+
+
+def _randomise(module, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if "norm" in name else 0.0))
+    return module
+
+
+def _heads(head: str, layer: str, target):
+    if head.startswith("medusa"):
+        lm = "own" if head == "medusaown" else "target"
+        return _randomise(MedusaHeads.for_target(target, num_heads=2, num_layers=1, lm_head=lm), 1)
+    if head.startswith("eagle") and not head.startswith("eagle3"):
+        return _randomise(EagleHead.for_target(target, bias=head == "eaglebias", draft_layer=layer), 2)
+    full = head == "eagle3full"
+    h = Eagle3Head.for_target(target, draft_vocab_size=None if full else VD, aux_layer_ids=[0, 2, 3],
+                              draft_layer=layer)
+    _randomise(h, 3)
+    if not full:
+        counts = torch.randint(0, 50, (target.config.vocab_size,), generator=torch.Generator().manual_seed(4))
+        h.set_vocab_map(*build_vocab_map(counts, VD))
+    return h
+
+
+def serve_args(engine: str, method: str, target: str, draft: str) -> str:
+    if engine.startswith("vllm"):
+        # Medusa: vLLM builds num_speculative_tokens heads, so it must be the heads' number (2 here)
+        spec = json.dumps({"model": draft, "method": method, "num_speculative_tokens": 2 if method == "medusa" else 3})
+        return SERVE["vllm"].format(target=target, spec=spec)
+    return SERVE["sglang"].format(target=target, draft=draft, algo=method.upper())
+
+
+def _run_engine(engine: str, cases: list[dict], tmp: str, port: int) -> dict[str, dict]:
+    driver = "vllm_check.py" if engine.startswith("vllm") else "sglang_check.py"
+    spec, out = os.path.join(tmp, f"{engine}.json"), os.path.join(tmp, f"{engine}-out.json")
+    with open(spec, "w") as f:
+        json.dump({"port": port, "cases": cases}, f)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    proc = subprocess.run([engine_python(engine), os.path.join(ROOT, "tests", "engines", driver), spec, out],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if not os.path.isfile(out):
+        raise AssertionError(f"{engine} driver wrote nothing: {proc.stderr[-3000:]}")
+    with open(out) as f:
+        return {r["id"]: r for r in json.load(f)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("engines"))
+    targets, heads, by_engine, rows = {}, {}, {}, {}
+    for cid, head, layer, arch, to, engine, method in CASES:
+        if arch not in targets:
+            m = tiny_model(arch, num_layers=L)
+            m.config.architectures = [type(m).__name__]
+            m.save_pretrained(os.path.join(tmp, arch))
+            targets[arch] = m
+        key = (head, layer, arch)
+        if key not in heads:
+            heads[key] = _heads(head, layer, targets[arch])
+        draft = os.path.join(tmp, cid)
+        lm = targets[arch].get_output_embeddings().weight if head.startswith("medusa") else None
+        try:
+            export_heads(heads[key], draft, to, lm)
+        except ValueError as e:
+            rows[cid] = {"id": cid, "refused_by_export": str(e)}
+            continue
+        rows[cid] = {"id": cid, "serve_args": serve_args(engine, method, os.path.join(tmp, arch), draft)}
+        by_engine.setdefault(engine, []).append({"id": cid, "method": method, "serve_args": rows[cid]["serve_args"]})
+    with ThreadPoolExecutor(len(by_engine)) as pool:  # cold installs are mostly download and unzip: overlap them
+        list(pool.map(engine_python, sorted(by_engine)))
+    for i, (engine, cases) in enumerate(sorted(by_engine.items())):
+        for cid, r in _run_engine(engine, cases, tmp, 29600 + i).items():
+            rows[cid].update(r)
+    expected = {cid: list(heads[(h, ly, a)].aux_layer_ids) for cid, h, ly, a, *_ in CASES if h.startswith("eagle3")}
+    _write(rows, expected, tmp)
+    return rows, expected
+
+
+def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
+    """(loads cleanly, text for the table) of one pair's result."""
+    cid, head, *_rest = case
+    if "refused_by_export" in r:
+        return False, "refused: " + r["refused_by_export"]
+    if not r.get("ok"):
+        err = r["error"]
+        if head.startswith("medusa") and "SpeculativeConfig" in err and "'medusa'" in err:
+            return False, "not served: the engine's SpeculativeConfig has no `medusa` method (validation error)"
+        return False, "engine error: " + err.splitlines()[0][:160]
+    problems = [f"{k} {r[k]}" for k in ("never_loaded", "dropped", "shape_problems") if r[k]]
+    lo_hi = r.get("mapped_target_ids")
+    if lo_hi and not (0 <= lo_hi[0] and lo_hi[1] < r["target_vocab"]):
+        problems.append(f"vocab map {lo_hi} outside the target vocab {r['target_vocab']}")
+    if r.get("hot_token_id_is_arange_plus_d2t") is False:
+        problems.append("hot_token_id != arange + d2t")
+    if cid in expected and r.get("captured_hidden_states") != expected[cid]:
+        problems.append(f"captures hidden states {r.get('captured_hidden_states')} != trained {expected[cid]}")
+    if problems:
+        return False, "loads with problems: " + "; ".join(problems)
+    return True, f"loads (`{r['draft_class']}`): every parameter loaded, nothing dropped"
+
+
+def _write(rows: dict, expected: dict, tmp: str) -> None:
+    from install import ENGINES
+
+    head_names = {"medusa": "Medusa", "medusaown": "Medusa (own lm_heads)", "eagle": "EAGLE-1",
+                  "eaglebias": "EAGLE-1 (fc bias)", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)"}
+    lines = ["| heads | draft layer | target | `--to` | engine | result |", "|---|---|---|---|---|---|"]
+    for case in CASES:
+        cid, head, layer, arch, to, engine, _ = case
+        _, text = _verdict(case, rows[cid], expected)
+        eng = {"sglang": "sglang-0.5.23", "vllm": "vllm-0.33.0"}[to] if engine is None else engine
+        eng = eng.replace("vllm-", "vLLM ").replace("sglang-", "SGLang ")
+        lines.append(f"| {head_names[head]} | {layer} | {arch} | `{to}` | {eng} | {text.replace('|', '/')} |")
+    os.makedirs(os.path.join(ROOT, os.path.dirname(TABLE)), exist_ok=True)
+    with open(os.path.join(ROOT, TABLE), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    clean = {cid: {k: v for k, v in r.items() if k not in ("engine_params", "traceback")} for cid, r in rows.items()}
+    for r in clean.values():  # tmp paths -> placeholders, so the committed file is stable
+        if "serve_args" in r:
+            r["serve_args"] = r["serve_args"].replace(tmp, "$TMP")
+    with open(os.path.join(ROOT, RESULTS), "w") as f:
+        json.dump({"engines": {k: v["wheel"] for k, v in ENGINES.items()}, "results": clean}, f, indent=1,
+                  sort_keys=True)
+
+
+CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033"]
+
+
+@pytest.mark.parametrize("case", CLAIMED, ids=[c[0] for c in CLAIMED])
+def test_engine_loads_export(results, case):
+    rows, expected = results
+    ok, text = _verdict(case, rows[case[0]], expected)
+    assert ok, f"{case[0]}: {text}\n{rows[case[0]].get('traceback', '')}"
+
+
+def test_vllm_033_has_no_medusa(results):
+    r = results[0]["medusa-llama-vllm033"]
+    assert not r.get("ok") and "SpeculativeConfig" in r["error"] and "'medusa'" in r["error"], r
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=[c[0] for c in CASES if not c[5]])
+def test_refusals_are_one_line(results, case):
+    msg = results[0][case[0]]["refused_by_export"]
+    assert "\n" not in msg and len(msg) < 400, msg
