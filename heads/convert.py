@@ -4,7 +4,7 @@ Every mapping is a small pure function over a state dict and a config dict; `exp
 `import_heads` only add file handling around them. The schemas were read from the engines' loaders
 (vLLM ``models/medusa.py``, ``llama_eagle.py``, ``llama_eagle3.py``, ``transformers_utils/configs/
 speculators``; SGLang ``models/llama_eagle.py``, ``llama_eagle3.py``; Medusa's ``medusa_model.py``;
-vllm-project/speculators ``models/eagle3``); DESIGN.md §9 lists them.
+vllm-project/speculators ``models/eagle3``); docs/design.md §9 lists them.
 
 Exports (``to``):
 
@@ -29,7 +29,7 @@ Medusa -> SGLang is refused (SGLang has no Medusa drafter; neither has vLLM 0.33
 for vLLM <= 0.32). ``--to medusa`` also writes ``medusa_lm_head.pt`` (tensors only), the file
 FasterDecoding's loader reads. With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``.
 
-**Target weights in a draft** (DESIGN.md §8: never, unless a format strictly requires them). No export
+**Target weights in a draft** (docs/design.md §8: never, unless a format strictly requires them). No export
 writes the target's embedding. Two Medusa formats must hold the target's lm_head when selfspec's heads
 reuse it (``lm_head="target"``): vLLM's ``MedusaModel`` computes draft logits only with its own
 ``lm_heads`` and has no way to borrow the target's, so one copy is written as ``lm_heads.0`` with
@@ -816,7 +816,7 @@ def _draft_target_config(raw: dict[str, Any], target: nn.Module, what: str) -> d
     """The target's config dict, with the RoPE and norm eps the draft was built with when its config says.
 
     An engine builds the draft layer from the draft's own config; EAGLE's trainer even ignored the
-    target's rope_theta (DESIGN.md §8). Taking them from the draft config keeps the imported head the
+    target's rope_theta (docs/design.md §8). Taking them from the draft config keeps the imported head the
     function the engine would run; a difference from the target is reported.
     """
     from heads.eagle import target_config_dict

@@ -4,7 +4,7 @@ The heads never own target weights. They read the target's hidden states and reu
 embedding and lm_head, so a head checkpoint is small and only valid for the target it was trained on
 (same vocabulary and hidden size; see `heads.base.HeadConfig.check_target`).
 
-Hidden-state convention (transformers 5.x, measured in DESIGN.md §5): with
+Hidden-state convention (transformers 5.x, measured in docs/design.md §5): with
 ``output_hidden_states=True`` a model returns ``num_layers + 1`` states; ``hidden_states[i]`` is the
 *input* of decoder layer ``i`` and ``hidden_states[-1]`` is the last layer's output *after* the final
 norm, so ``lm_head(hidden_states[-1])`` gives the logits (before any final soft-capping).

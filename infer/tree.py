@@ -376,7 +376,7 @@ def attention_mask(
     dtype: torch.dtype,
     config=None,
 ) -> Tensor | dict[str, Tensor]:
-    """The 4D additive mask for verifying a tree after ``past_len`` cached tokens (DESIGN.md §4).
+    """The 4D additive mask for verifying a tree after ``past_len`` cached tokens (docs/design.md §4).
 
     Returns [1, 1, N+1, past_len + N+1]: 0 where node i may attend (the whole prefix, and its own
     ancestors including itself), ``finfo(dtype).min`` elsewhere. transformers uses a 4D mask as given,

@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument(
         "--dtype",
         default="auto",
-        help="auto (as stored: fp32 for the demo target, where greedy output is exactly identical) or bf16 (cheaper verification on big models, DESIGN.md §6; near-tie argmax can flip)",
+        help="auto (as stored: fp32 for the demo target, where greedy output is exactly identical) or bf16 (cheaper verification on big models, docs/design.md §6; near-tie argmax can flip)",
     )
     ap.add_argument("--prompts", type=int, default=8, help="number of held-out prompts")
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -18,7 +18,7 @@ is 1. For every depth we record the rank r of the correct token among the draft'
 
 - ``topk_acc[d][k-1]`` = P(rank < k) for k = 1..10 (per-position top-k accuracy);
 - ``rank_probs[d][r]`` = P(rank = r | depth d), the input of tree tuning (`infer.tree.greedy_nodes`);
-- ``sim_accept_length`` = 1 + Σ_d Π_{j<=d} top1_j (a chain's τ, bonus token included, DESIGN §7);
+- ``sim_accept_length`` = 1 + Σ_d Π_{j<=d} top1_j (a chain's τ, bonus token included, docs/design.md §7);
 - ``chain_accept_length_empirical``: the same chain measured on the joint rank vectors (no
   independence assumption).
 

@@ -5,7 +5,7 @@
     python scripts/make_demo_target.py --force --cache /tmp/selfspec
 
 Both are cached (``$SELFSPEC_CACHE`` or ``~/.cache/selfspec`` unless ``--cache``); a second run only
-prints. See `train.demo` and DESIGN.md §10.
+prints. See `train.demo` and docs/design.md §10.
 """
 
 from __future__ import annotations

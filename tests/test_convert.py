@@ -1,6 +1,6 @@
 """Export to the engines' formats and import of Medusa / EAGLE / EAGLE-3 checkpoints (`heads.convert`).
 
-The engines' schemas are written out here by hand (DESIGN.md §9, from the engines' loaders), not
+The engines' schemas are written out here by hand (docs/design.md §9, from the engines' loaders), not
 derived from `heads.convert`: every config field and every weight name and shape is checked. Each
 export is re-imported and must give the same draft logits; checkpoints written here in the original
 layouts (Medusa ``.pt``/``.safetensors``, EAGLE-1 ``pytorch_model.bin``, EAGLE-3 with ``midlayer.*``)

@@ -219,7 +219,7 @@ TREE_FORWARD_CASES = [(a, "eager", None) for a in ARCHS] + [
 
 @pytest.mark.parametrize(("arch", "attn", "window"), TREE_FORWARD_CASES)
 def test_tree_forward_equals_sequential(arch, attn, window):
-    """DESIGN.md §4: one forward over a tree (4D mask, position ids, cache) gives each node the logits
+    """docs/design.md §4: one forward over a tree (4D mask, position ids, cache) gives each node the logits
     of running its root-to-node path after the prefix; after `compact` the cache continues exactly
     like the cache of prefix + accepted path."""
     target = model(arch, attn, torch.float32, window)

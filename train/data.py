@@ -13,7 +13,7 @@ only if some position ``t >= 1`` is masked in.
 
 Why the mask matters: the heads must imitate what the target *generates* at serving time. For chat
 data that is the assistant turns only (training on user or system text is a known way to get good
-training accuracy and poor acceptance, DESIGN.md §8), rendered exactly as the serving engine will
+training accuracy and poor acceptance, docs/design.md §8), rendered exactly as the serving engine will
 render them, i.e. with the tokenizer's own chat template. For plain text every token is a label.
 
 Finding assistant tokens works for any template without ``{% generation %}`` support: render the

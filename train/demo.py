@@ -1,4 +1,4 @@
-"""The built-in demo target: a small Llama trained here, on the Python standard library (DESIGN.md §10).
+"""The built-in demo target: a small Llama trained here, on the Python standard library (docs/design.md §10).
 
 The Hub is unreachable on the machines this project runs on and there is no pretrained LM on disk, so
 the project makes its own target: a standard ``LlamaForCausalLM`` (config.json, model.safetensors,

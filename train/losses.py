@@ -106,7 +106,7 @@ def simulated_accept_length(top1: Tensor) -> Tensor:
 
     top1: [K], position k's top-1 accuracy (Medusa head k, EAGLE TTT step k). The product treats the
     positions' hits as independent, so this estimates the acceptance length of a greedy chain of K
-    drafts, counting the bonus token (τ = tokens per target forward, DESIGN §7).
+    drafts, counting the bonus token (τ = tokens per target forward, docs/design.md §7).
     """
     return 1 + torch.cumprod(top1.double(), 0).sum()
 

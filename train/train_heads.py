@@ -109,7 +109,7 @@ class Run:
 
 
 def make_accelerator(cfg: RunConfig):
-    """An Accelerator with gloo on CPU (DESIGN §3), seeded data order and the configured precision."""
+    """An Accelerator with gloo on CPU (docs/design.md §3), seeded data order and the configured precision."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 
