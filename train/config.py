@@ -202,7 +202,7 @@ class EvalConfig:
     `infer.generate` with the heads' default tree (EAGLE: the dynamic-tree defaults) on the first
     ``measured_tau_prompts`` held-out rows. A chat row's prompt is its conversation up to the first
     assistant answer (the tokens before its first training label); a text row's is its first
-    ``measured_tau_prompt_tokens`` tokens."""
+    ``measured_tau_prompt_tokens`` tokens. Not run for Medusa-2 joint training (its target is trained)."""
 
     measured_tau_prompts: int = 4  # 0 = off (the best heads are then chosen by the simulated τ)
     measured_tau_new_tokens: int = 64  # tokens generated per prompt

@@ -228,6 +228,7 @@ def measure_tau(run) -> dict[str, Any] | None:
     """
     import infer
     from heads.base import REGISTRY
+    from infer.generate import context_length
 
     ecfg, acc = run.cfg.eval, run.accelerator
     if ecfg.measured_tau_prompts == 0 or run.cfg.joint.enabled:
@@ -247,9 +248,12 @@ def measure_tau(run) -> dict[str, Any] | None:
             prompts = eval_prompts(
                 run.eval_dl.dataset, ecfg.measured_tau_prompts, ecfg.measured_tau_prompt_tokens
             )
+            ctx = context_length(run.target.config) or 1 << 30
             for ids in prompts:
-                out = infer.generate(model, ids.to(p.device), max_new_tokens=ecfg.measured_tau_new_tokens,
-                                     do_sample=False)  # fmt: skip
+                new_tokens = min(ecfg.measured_tau_new_tokens, ctx - ids.shape[1])  # a short context caps it
+                if new_tokens < 1:
+                    continue
+                out = infer.generate(model, ids.to(p.device), max_new_tokens=new_tokens, do_sample=False)
                 steps = out.stats.accepted_lengths
                 sums += torch.tensor([sum(steps), len(steps), 1.0], dtype=torch.float64, device=acc.device)
     sums = acc.reduce(sums, reduction="sum").cpu()
@@ -259,7 +263,7 @@ def measure_tau(run) -> dict[str, Any] | None:
         "measured_accept_length": float(sums[0] / sums[1]),
         "measured_tau": {
             "prompts": int(sums[2]),
-            "max_new_tokens": ecfg.measured_tau_new_tokens,
+            "max_new_tokens": ecfg.measured_tau_new_tokens,  # fewer where prompt + this exceeds the context
             "decoding": "greedy",
             "tree": settings or "see the main process's log",
             "prompt_source": "the first held-out rows (chat: up to the first assistant answer; text: "
