@@ -81,6 +81,11 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
         tau = 1 + sum(torch.tensor(tops).cumprod(0).tolist())
         assert r["eval/sim_accept_length_vs_target"] == pytest.approx(tau)
         assert r["eval/measured_accept_length"] >= 1.0 + 10.0 * (r["step"] == 8)
+        assert (
+            (0 <= r["eval/step0_top1_vs_data"] <= 1)
+            if head_type == "eagle"
+            else "eval/step0_top1_vs_data" not in r
+        )
     assert all("train/sim_accept_length" in r for r in records if "train/loss" in r)
 
     assert sorted(os.listdir(out)) == [

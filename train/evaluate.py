@@ -67,6 +67,8 @@ def eval_batch(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         m[name] = m.pop("top1")
         if "top5" in m:
             m["top5_vs_data"] = m.pop("top5")
+        if "top1_data" in m:  # EAGLE-1/2
+            m["top1_vs_data"] = m.pop("top1_data")
         return m
     hidden = target_forward(run, batch).hidden
     dtype = next(run.accelerator.unwrap_model(run.heads).parameters()).dtype

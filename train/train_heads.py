@@ -440,7 +440,7 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
     embed = run.target.get_input_embeddings()
     if kind == "eagle":
         loss, m = eagle_train_forward(run.heads, out, ids, am, lm, run.lm_head, embed)
-        keys = ("loss", "top1", "count", "loss_reg", "loss_cls")
+        keys = ("loss", "top1", "count", "loss_reg", "loss_cls", "top1_data")
         return loss, {k: m[k].detach().float().reshape(1) for k in keys}
     if kind == "eagle3":
         loss, m = eagle3_train_forward(run.heads, out, ids, am, lm, out.logits, embed)
