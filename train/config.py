@@ -205,7 +205,7 @@ class EvalConfig:
     ``measured_tau_prompt_tokens`` tokens. Not run for Medusa-2 joint training (its target is trained)."""
 
     measured_tau_prompts: int = 4  # 0 = off (the best heads are then chosen by the simulated τ)
-    measured_tau_new_tokens: int = 64  # tokens generated per prompt
+    measured_tau_new_tokens: int = 32  # tokens generated per prompt (kept short: it runs at every eval)
     measured_tau_prompt_tokens: int = 32  # prompt length taken from a text row (chat rows: see above)
 
     def __post_init__(self) -> None:
