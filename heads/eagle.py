@@ -420,6 +420,7 @@ def eagle_train_forward(
     if attention_mask is not None:
         scored[:, :-1] &= attention_mask[:, 2:].bool()
         scored &= pair_mask
+    data_tokens = torch.cat([input_ids[:, 2:], input_ids[:, -1:]], dim=1)  # [B, T-1]: pair k's x_{k+2}
     return eagle_loss(
         pred,
         f[:, 1:].detach(),
@@ -429,6 +430,7 @@ def eagle_train_forward(
         cfg.w_cls,
         softcap=inner.logit_softcap,
         logit_scale=inner.logit_scale,
+        data_tokens=data_tokens,
     )
 
 
@@ -442,6 +444,7 @@ def eagle_loss(
     target_logits: Tensor | None = None,
     softcap: float | None = None,
     logit_scale: float = 1.0,
+    data_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE loss over aligned predictions.
 
@@ -454,7 +457,9 @@ def eagle_loss(
     loss = w_reg · mean_n SmoothL1(f̂_n, f_n) (mean over H) + w_cls · mean_n CE(softmax(z_n), log_softmax(ẑ_n))
     with z = target logits, ẑ = softcap(scale · lm_head(f̂)), over the N scored positions (0 if N = 0, still
     connected to the graph). metrics (detached scalars): ``loss``, ``loss_reg``, ``loss_cls``, ``top1``
-    (fraction where argmax ẑ == argmax z) and ``count`` (N); weight by ``count`` to combine batches.
+    (fraction where argmax ẑ == argmax z) and ``count`` (N); weight by ``count`` to combine batches. With
+    ``data_tokens`` ([B, T] ids aligned with the positions: the data's token each one predicts), also
+    ``top1_data`` (fraction where argmax ẑ is that token).
     """
     valid = loss_mask.bool()
     pred = pred_feats[valid]  # [N, H]
@@ -473,6 +478,9 @@ def eagle_loss(
     loss = w_reg * reg + w_cls * cls
     with torch.no_grad():
         top1 = (draft_logits.argmax(-1) == tl.argmax(-1)).float().sum() / denom
+        top1_data = None
+        if data_tokens is not None:
+            top1_data = (draft_logits.argmax(-1) == data_tokens[valid]).float().sum() / denom
     metrics = {
         "loss": loss.detach(),
         "loss_reg": reg.detach(),
@@ -480,6 +488,8 @@ def eagle_loss(
         "top1": top1,
         "count": torch.tensor(float(n), device=pred.device),
     }
+    if top1_data is not None:
+        metrics["top1_data"] = top1_data
     return loss, metrics
 
 

@@ -69,6 +69,22 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
+DEMO_TARGETS = {"demo": "full", "demo-tiny": "tiny"}  # the project's own demo target (`train.demo`)
+
+
+def resolve_demo_target(name_or_path: str) -> str:
+    """``demo`` / ``demo-tiny`` -> the demo target's directory, built and cached on first use exactly as
+    training builds it (`train.demo.ensure_demo_target`, in ``$SELFSPEC_CACHE``); any other name as is.
+
+    The builder lives with the rest of the demo in ``train/``; it is imported only when a demo name has
+    to be resolved, so ``heads`` and ``infer`` stay free of ``train`` otherwise."""
+    if name_or_path not in DEMO_TARGETS:
+        return name_or_path
+    from train.demo import ensure_demo_target
+
+    return ensure_demo_target(DEMO_TARGETS[name_or_path])
+
+
 def load_target(
     name_or_path: str,
     *,
@@ -81,7 +97,8 @@ def load_target(
     adapter_revision: str | None = None,
     merge: bool = False,
 ) -> nn.Module:
-    """Load a frozen causal LM from a Hub id or a local directory, optionally with a PEFT adapter on it.
+    """Load a frozen causal LM from a Hub id, a local directory or a demo name (`resolve_demo_target`),
+    optionally with a PEFT adapter on it.
 
     ``dtype="auto"`` keeps the dtype stored in the model's config. The model is returned in eval mode
     with ``requires_grad=False`` on every parameter. A missing local path or an unreachable Hub id is
@@ -95,6 +112,7 @@ def load_target(
     """
     from transformers import AutoModelForCausalLM
 
+    name_or_path = resolve_demo_target(name_or_path)
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise FileNotFoundError(f"target model directory not found: {name_or_path!r}")
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}

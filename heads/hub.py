@@ -346,9 +346,18 @@ def _fmt(value: Any) -> str:
     return text.replace("|", "\\|")
 
 
+_ACCURACY_COLUMNS = {  # eval_results.json key -> column title (`train.evaluate`)
+    "top1_vs_target": "top-1 vs target",
+    "top1_vs_data": "top-1 vs data",
+    "top5_vs_data": "top-5 vs data",
+}
+
+
 def _accuracy_section(head_type: str, ev: dict[str, Any]) -> list[str]:
     top1 = ev.get("top1") or []
-    top5 = ev.get("top5")
+    cols = {k: t for k, t in _ACCURACY_COLUMNS.items() if ev.get(k)}
+    if not cols:  # results written before the accuracies were named
+        cols = {"top1": "top-1"} | ({"top5": "top-5"} if ev.get("top5") else {})
     loss = ev.get("head_loss") or [None] * len(top1)
     count = ev.get("count") or [None] * len(top1)
     pos = _POSITION.get(head_type, "position")
@@ -357,22 +366,34 @@ def _accuracy_section(head_type: str, ev: dict[str, Any]) -> list[str]:
         predicts = [f"t+{k + 2} (draft token {k + 1})" for k in range(len(top1))]
     else:
         predicts = [f"draft token {k + 1}" for k in range(len(top1))]
-    header = f"| {pos} | predicts | top-1 | " + ("top-5 | " if top5 else "") + "loss | positions |"
+    header = f"| {pos} | predicts | " + "".join(f"{t} | " for t in cols.values()) + "loss | positions |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for k, t1 in enumerate(top1):
-        t5 = f"{100 * top5[k]:.1f}% | " if top5 else ""
+    for k in range(len(top1)):
+        accs = "".join(f"{100 * ev[c][k]:.1f}% | " for c in cols)
         lo = f"{loss[k]:.3f}" if loss[k] is not None else ""
-        lines.append(f"| {k} | {predicts[k]} | {100 * t1:.1f}% | {t5}{lo} | {count[k] or ''} |")
+        lines.append(f"| {k} | {predicts[k]} | {accs}{lo} | {count[k] or ''} |")
     tau = ev.get("sim_accept_length")
+    basis = (
+        "the target's argmax (what greedy verification accepts)" if ev.get("top1_vs_target") else "the data"
+    )
     if tau is not None:
         lines += [
             "",
             f"**Simulated acceptance length τ = {tau:.3f}** tokens per target forward, computed from the "
-            "top-1 accuracies above as τ = 1 + Σ_k Π_(j≤k) top1_j. τ counts the bonus token (the one "
-            "token the target itself adds at every verification step), as the Medusa and EAGLE papers do; "
-            "τ = 1 means no speedup. It assumes a chain of top-1 guesses; tree drafting in "
+            f"top-1 accuracies against {basis} as τ = 1 + Σ_k Π_(j≤k) top1_j. τ counts the bonus token (the "
+            "one token the target itself adds at every verification step), as the Medusa and EAGLE papers "
+            "do; τ = 1 means no speedup. It assumes a chain of top-1 guesses; tree drafting in "
             "`infer.generate` usually accepts more, and `out.stats.mean_accepted_length` reports what it "
             "measures on your prompts.",
+        ]
+    measured, how = ev.get("measured_accept_length"), ev.get("measured_tau") or {}
+    if measured is not None:
+        lines += [
+            "",
+            f"**Measured acceptance length τ = {measured:.3f}**: greedy `infer.generate` at this step on "
+            f"{how.get('prompts')} held-out prompts ({how.get('prompt_source', 'from the eval data')}), "
+            f"{how.get('max_new_tokens')} new tokens each, drafting with {how.get('tree')}; Σ accepted tokens "
+            "/ Σ verification steps over all prompts, bonus token included.",
         ]
     return lines
 
@@ -502,7 +523,9 @@ def model_card_text(
             last = (eval_results.get("last") or {}).get("step", eval_results["step"])
             lines.append(
                 f"- trained for {last} optimizer steps; these heads are from step {eval_results['step']}, "
-                "the held-out eval with the best simulated τ"
+                "the held-out eval with the best "
+                + ("measured" if eval_results.get("measured_accept_length") is not None else "simulated")
+                + " τ"
             )
         lines.append("")
     if eval_results and eval_results.get("top1"):

@@ -8,6 +8,7 @@ out.sequences, out.stats.mean_accepted_length
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,8 +113,8 @@ class SpecModel:
 
 
 def load(
-    target: str | nn.Module,
-    heads: str | nn.Module,
+    target: str | nn.Module | None = None,
+    heads: str | nn.Module | None = None,
     *,
     dtype: str | torch.dtype | None = "auto",
     device: str | torch.device | None = None,
@@ -126,7 +127,9 @@ def load(
     merge: bool = False,
     allow_other_target: bool = False,
 ) -> SpecModel:
-    """Load a frozen target (Hub id, local dir or model) and heads (Hub id, local dir or module).
+    """Load a frozen target (Hub id, local dir, ``demo`` / ``demo-tiny`` or model) and heads (Hub id,
+    local dir or module). ``target`` omitted: the heads' ``base_model_name_or_path`` (the target they were
+    trained on: a directory that exists here, a demo name or a Hub id), e.g. ``infer.load(heads="out/x")``.
 
     Heads trained for a target of another vocab or hidden size are rejected with a ``ValueError``.
     Heads trained on a target with a PEFT adapter (``config.target_adapter``) get the target loaded with
@@ -141,9 +144,14 @@ def load(
     """
     from heads import load_heads, load_target
     from heads.base import adapter_location, read_config, resolve_dir
+    from heads.graft import resolve_demo_target
 
+    if heads is None:
+        raise ValueError("heads= is required: a Hub id, a directory or heads")
     for name, value, kinds in (("target", target, "a Hub id, a directory or a model"),
                                ("heads", heads, "a Hub id, a directory or heads")):  # fmt: skip
+        if name == "target" and value is None:  # the heads' base_model_name_or_path (`_recorded_target`)
+            continue
         if not isinstance(value, (str, nn.Module)) or isinstance(value, str) and not value:
             raise ValueError(f"{name} must be {kinds}, got {repr(value)[:60]}")
     if not isinstance(merge, bool) or not isinstance(allow_other_target, bool):
@@ -159,7 +167,12 @@ def load(
     else:
         heads_dir, recorded = None, getattr(heads.config, "target_adapter", None)
     check_attn_implementation(attn_implementation)  # before loading any weights
+    if target is None:
+        target = _recorded_target(
+            heads_dir, heads, from_hub=isinstance(heads, str) and not os.path.isdir(heads)
+        )
     if isinstance(target, str):
+        target = resolve_demo_target(target)  # so the tokenizer below comes from the same directory
         if adapter is None and recorded is not None:
             adapter = adapter_location(heads_dir, recorded)
         tokenizer = _maybe_tokenizer(target, revision)
@@ -185,6 +198,32 @@ def load(
     p = next(target.parameters())
     heads = heads.to(device=p.device, dtype=p.dtype).eval()
     return SpecModel(target, heads, tree=tree, tokenizer=tokenizer, allow_other_target=allow_other_target)
+
+
+def _recorded_target(heads_dir: str | None, heads, from_hub: bool = False) -> str:
+    """The target named by the heads' ``base_model_name_or_path``: a demo name or Hub id, or a local
+    directory that exists (the heads' own fingerprint check then refuses any other model). A local path
+    recorded in heads downloaded from the Hub is not followed: it names someone else's disk."""
+    from heads.base import read_config
+    from heads.graft import DEMO_TARGETS, looks_local
+
+    where = f"{heads_dir}/config.json" if heads_dir else "the heads' config"
+    name = (
+        read_config(heads_dir).get("base_model_name_or_path")
+        if heads_dir
+        else heads.config.base_model_name_or_path
+    )
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where} names no target (base_model_name_or_path): pass target=")
+    if name not in DEMO_TARGETS and looks_local(name) and from_hub:
+        raise ValueError(
+            f"{where} names a local path as its target ({name!r}), not followed for Hub heads: pass target="
+        )
+    if name not in DEMO_TARGETS and looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
+        raise ValueError(
+            f"the heads were trained on {name!r} ({where}), which is not on this machine: pass target="
+        )
+    return name
 
 
 def _maybe_tokenizer(name_or_path: str, revision: str | None):

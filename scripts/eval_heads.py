@@ -259,11 +259,13 @@ def load_all(heads_path: str, target_path: str | None, dtype: str):
 
     from heads import load_heads, load_target
     from heads.base import read_config, resolve_dir
+    from heads.graft import resolve_demo_target
 
     directory = resolve_dir(heads_path)
     name = target_path or read_config(directory).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{directory}/config.json names no target; pass --target")
+    name = resolve_demo_target(name)  # demo / demo-tiny: the built demo target (its tokenizer too)
     target = load_target(name, dtype=dtype)
     heads = load_heads(directory, target)
     p = next(target.parameters())

@@ -433,7 +433,8 @@ def test_training_pushes_at_the_end_or_at_each_save(
             "medusa heads at step 2 (training)", "medusa heads at step 4 (training)",
         ]  # fmt: skip
         assert not os.path.exists(os.path.join(out, train_heads.HUB_STAGING))
-    assert commits[-1]["commit_message"].startswith("medusa heads after 4 steps, simulated τ")
+    assert commits[-1]["commit_message"].startswith("medusa heads after 4 steps, τ ")
+    assert commits[-1]["commit_message"].endswith(" measured, " + f"{ev['sim_accept_length']:.3f} simulated")
     # the final push is the saved output_dir; its card carries the eval
     assert fake_hub.uploaded["model.safetensors"] == open(os.path.join(out, "model.safetensors"), "rb").read()
     card = open(os.path.join(out, "README.md")).read()

@@ -163,13 +163,14 @@ def test_resuming_a_finished_run_is_a_no_op(tiny_target, tiny_data, tmp_path, mo
         ),
     )
     out = str(tmp_path / "run")
-    train_heads.main(_overrides(tiny_target, tiny_data, out, **SHORT))
+    short = SHORT | {"eval.measured_tau_prompts": 0}  # the best heads by the simulated τ (patched)
+    train_heads.main(_overrides(tiny_target, tiny_data, out, **short))
     reset_accelerate()
     with open(os.path.join(out, "eval_results.json")) as f:
         assert json.load(f)["step"] == 2  # the case that crashed: best step 2, last step 4
     before = _tree_digest(out)
     capsys.readouterr()
-    assert train_heads.main(["--resume", *_overrides(tiny_target, tiny_data, out, **SHORT)]) is None
+    assert train_heads.main(["--resume", *_overrides(tiny_target, tiny_data, out, **short)]) is None
     said = capsys.readouterr().out.strip().splitlines()
     assert said == [
         f"output_dir {out} holds the finished run (step 4): nothing to resume; its heads are in place (overwrite=true trains again)"

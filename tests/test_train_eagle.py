@@ -52,15 +52,15 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     from heads.graft import load_target
     from train import train_heads
 
-    # Make the step-8 eval the best by τ, so the saved heads must come from the copy kept at step 8
-    # (not the last step's weights in memory).
-    real_evaluate = train_heads.evaluate
+    # Make the step-8 eval the best by measured τ (what selects the heads when it is on, the default), so
+    # the saved heads must come from the copy kept at step 8 (not the last step's weights in memory).
+    real_measure = train_heads.measure_tau
 
-    def evaluate(run):
-        ev = real_evaluate(run)
-        return ev | {"sim_accept_length": ev["sim_accept_length"] + (10.0 if run.step == 8 else 0.0)}
+    def measure_tau(run):
+        got = real_measure(run)
+        return got | {"measured_accept_length": got["measured_accept_length"] + 10.0 * (run.step == 8)}
 
-    monkeypatch.setattr(train_heads, "evaluate", evaluate)
+    monkeypatch.setattr(train_heads, "measure_tau", measure_tau)
     out = str(tmp_path / "run")
     run = train_heads.start(
         train_heads.load_config(None, _eagle_overrides(tiny_target, tiny_data, out, head_type))
@@ -77,9 +77,15 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     assert sorted(evals) == [8, 16, 24]
     K = 3 if head_type == "eagle3" else 1
     for r in evals.values():
-        tops = [r[f"eval/step{k}_top1"] for k in range(K)]
+        tops = [r[f"eval/step{k}_top1_vs_target"] for k in range(K)]
         tau = 1 + sum(torch.tensor(tops).cumprod(0).tolist())
-        assert r["eval/sim_accept_length"] == pytest.approx(tau + (10.0 if r["step"] == 8 else 0.0))
+        assert r["eval/sim_accept_length_vs_target"] == pytest.approx(tau)
+        assert r["eval/measured_accept_length"] >= 1.0 + 10.0 * (r["step"] == 8)
+        assert (
+            (0 <= r["eval/step0_top1_vs_data"] <= 1)
+            if head_type == "eagle"
+            else "eval/step0_top1_vs_data" not in r
+        )
     assert all("train/sim_accept_length" in r for r in records if "train/loss" in r)
 
     assert sorted(os.listdir(out)) == [
@@ -94,6 +100,7 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     with open(os.path.join(out, "eval_results.json")) as f:
         results = json.load(f)
     assert results["step"] == 8 and results["last"]["step"] == 24
+    assert results["measured_tau"]["prompts"] == 4 and "dynamic tree" in results["measured_tau"]["tree"]
     assert results["loss"] == pytest.approx(evals[8]["eval/loss"])
 
     # The saved heads are the step-8 heads: re-evaluating them gives the step-8 eval loss.

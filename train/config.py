@@ -7,6 +7,7 @@ A run is described by one `RunConfig`:
     data:    where the training text comes from                  (`train.data.DataConfig`)
     train:   optimisation, evaluation, logging and checkpoints   (`TrainConfig`)
     joint:   Medusa-2: LoRA on the target trained with the heads (`JointConfig`, off by default)
+    eval:    the measured τ of each held-out eval                (`EvalConfig`)
     + output_dir, resume, overwrite, report_to, wandb_project, run_name
     + push_to_hub, hub_model_id, hub_private, hub_strategy (upload the heads, `heads.hub`)
 
@@ -195,6 +196,25 @@ class TrainConfig:
             raise ValueError("; ".join(problems))
 
 
+@dataclass
+class EvalConfig:
+    """The measured acceptance length τ of each held-out eval (`train.evaluate.measure_tau`): greedy
+    `infer.generate` with the heads' default tree (EAGLE: the dynamic-tree defaults) on the first
+    ``measured_tau_prompts`` held-out rows. A chat row's prompt is its conversation up to the first
+    assistant answer (the tokens before its first training label); a text row's is its first
+    ``measured_tau_prompt_tokens`` tokens. Not run for Medusa-2 joint training (its target is trained)."""
+
+    measured_tau_prompts: int = 4  # 0 = off (the best heads are then chosen by the simulated τ)
+    measured_tau_new_tokens: int = 32  # tokens generated per prompt (kept short: it runs at every eval)
+    measured_tau_prompt_tokens: int = 32  # prompt length taken from a text row (chat rows: see above)
+
+    def __post_init__(self) -> None:
+        for name, low in (("measured_tau_prompts", 0), ("measured_tau_new_tokens", 1),
+                          ("measured_tau_prompt_tokens", 1)):  # fmt: skip
+            if getattr(self, name) < low:
+                raise ValueError(f"eval.{name} must be >= {low}, got {getattr(self, name)}")
+
+
 HEADS_COEF_SCHEDULES = ("constant", "linear", "sine")
 
 
@@ -273,6 +293,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     joint: JointConfig = field(default_factory=JointConfig)  # Medusa-2 (off by default)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # measured τ at each held-out eval
     output_dir: str = "out/medusa"  # final heads here; checkpoints under output_dir/checkpoints/step-N
     resume: str | None = None  # None: start fresh; "auto": latest checkpoint in output_dir if any; or a path
     # A fresh run refuses an output_dir that holds another run (`train.checkpoint`); overwrite=true deletes

@@ -19,7 +19,7 @@ with the heads: both are prepared as one `JointModel` (ZeRO-2 at most), the base
 and checkpoints hold only the trainable tensors (LoRA + heads). See `joint_batch_loss`.
 
 Output layout (``output_dir``):
-    config.json, model.safetensors   the heads of the eval with the best simulated acceptance length τ
+    config.json, model.safetensors   the heads of the eval with the best acceptance length τ (measured)
                                      (`heads.base.load_heads` reads them; the last eval's if no eval data)
     train_config.yaml                the full resolved run config
     README.md                        model card: base model, config, data, accuracy, τ (`heads.hub`)
@@ -61,6 +61,7 @@ from heads.base import ADAPTER_DIR  # the LoRA's subdirectory next to Medusa-2 h
 from train import checkpoint as ckpt
 from train.checkpoint import CHECKPOINTS, SCHEDULER_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (API)
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
+from train.evaluate import accuracy_table, eval_metrics, evaluate, measure_tau  # noqa: F401 (API)
 from train.losses import medusa_loss, simulated_accept_length
 
 METRICS_FILE = "metrics.jsonl"
@@ -86,7 +87,7 @@ class Run:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of the current epoch already consumed
     best_eval_loss: float = math.inf
-    # The best simulated acceptance length τ seen in eval and its step: `save_final` keeps those heads.
+    # The best τ seen in eval (measured, else simulated: `run_eval`) and its step: `save_final` keeps those.
     best_accept_length: float = -math.inf
     best_step: int | None = None
     last_eval: dict[str, Any] | None = None  # the latest eval and its step (cards of pushed checkpoints)
@@ -439,7 +440,7 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
     embed = run.target.get_input_embeddings()
     if kind == "eagle":
         loss, m = eagle_train_forward(run.heads, out, ids, am, lm, run.lm_head, embed)
-        keys = ("loss", "top1", "count", "loss_reg", "loss_cls")
+        keys = ("loss", "top1", "count", "loss_reg", "loss_cls", "top1_data")
         return loss, {k: m[k].detach().float().reshape(1) for k in keys}
     if kind == "eagle3":
         loss, m = eagle3_train_forward(run.heads, out, ids, am, lm, out.logits, embed)
@@ -633,56 +634,6 @@ def collate_features(rows: list[dict[str, Tensor]], pad_token_id: int) -> dict[s
     return batch
 
 
-def _keep_rows(run: Run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Under several processes, accelerate pads the last eval batch with rows from the start of the set;
-    zero their loss mask so every held-out row counts once (`gather_for_metrics` says which are real)."""
-    acc = run.accelerator
-    if acc.num_processes == 1:
-        return batch
-    B = batch["input_ids"].shape[0]
-    mine = torch.arange(B, device=batch["input_ids"].device) + acc.process_index * B
-    keep = torch.isin(mine, acc.gather_for_metrics(mine))
-    return {**batch, "loss_mask": batch["loss_mask"] * keep[:, None].to(batch["loss_mask"].dtype)}
-
-
-@torch.no_grad()
-def evaluate(run: Run) -> dict[str, Any]:
-    """Held-out loss, per-position accuracy and the simulated acceptance length τ, exact across processes.
-
-    Every metric is averaged over the scored positions of the whole held-out set (count-weighted sums,
-    reduced over processes); ``loss`` = Σ_k w_k · loss_k with `position_weights`, and
-    ``sim_accept_length`` = 1 + Σ_k Π_{j<=k} top1_j (`train.losses.simulated_accept_length`).
-    """
-    run.heads.eval()
-    names: list[str] | None = None
-    totals = None  # [M, K] float64: count, then count-weighted sums of every other metric
-    bb_totals = None  # Medusa-2: the adapted backbone's own next-token sums (`joint_batch_loss`)
-    for batch in run.eval_dl:
-        _, m = batch_loss(run, _keep_rows(run, batch))
-        bb = {k: m.pop(k).double().view(1) for k in list(m) if k.startswith("backbone_")}  # Medusa-2
-        bb_totals = bb if bb_totals is None else {k: bb_totals[k] + v for k, v in bb.items()}
-        names = names or ["count", *(k for k in m if k != "count")]
-        count = m["count"].double()
-        rows = torch.stack([count] + [m[k].double() * count for k in names[1:]])
-        totals = rows if totals is None else totals + rows
-    run.heads.train()
-    totals = run.accelerator.reduce(totals, reduction="sum").cpu()
-    n = totals[0].clamp(min=1)
-    avg = {k: totals[i] / n for i, k in enumerate(names) if i > 0}
-    weights = torch.tensor(position_weights(run), dtype=torch.float64)
-    ev = {
-        "loss": float((weights * avg["loss"]).sum()),
-        "sim_accept_length": float(simulated_accept_length(avg["top1"])),
-        "head_loss": avg["loss"].tolist(),
-        "count": totals[0].long().tolist(),
-    }
-    if bb_totals:  # Medusa-2 only ({} for heads on a frozen target)
-        bb = {k: float(run.accelerator.reduce(v, reduction="sum")) for k, v in bb_totals.items()}
-        n_bb = max(bb["backbone_count"], 1.0)
-        ev |= {"backbone_ce": bb["backbone_ce_sum"] / n_bb, "backbone_kl": bb["backbone_kl_sum"] / n_bb}
-    return ev | {k: v.tolist() for k, v in avg.items() if k != "loss"}
-
-
 # ---------------------------------------------------------------------------------------------- checkpoints
 
 
@@ -816,38 +767,32 @@ def log(run: Run, metrics: dict[str, float]) -> None:
             f.write(json.dumps({"step": run.step, **metrics}) + "\n")
 
 
-def eval_metrics(run: Run, ev: dict[str, Any]) -> dict[str, float]:
-    """eval/loss, eval/sim_accept_length and per position eval/{head,step}{k}_{loss,top1,...}."""
-    out = {"eval/loss": ev["loss"], "eval/sim_accept_length": ev["sim_accept_length"]}
-    out |= {f"eval/{k}": v for k, v in ev.items() if k.startswith("backbone_")}  # Medusa-2
-    pos = position_name(run)
-    for name, values in ev.items():
-        if isinstance(values, list) and name != "count":
-            key = "loss" if name == "head_loss" else name
-            out |= {f"eval/{pos}{k}_{key}": v for k, v in enumerate(values)}
-    return out
-
-
 BEST = "best"  # output_dir/best: heads-only copy of the best-τ eval so far (removed when the run ends)
 
 
 def run_eval(run: Run, final: bool = False) -> dict[str, Any]:
-    """Evaluate, log, and keep the heads if their simulated acceptance length τ is the best so far (ties go
-    to the later step). An intermediate best is copied to ``output_dir/best``; the final eval's heads are
-    still in memory, so `save_final` needs no copy of them."""
+    """Evaluate (`train.evaluate`), log, and keep the heads if their τ is the best so far (ties go to the
+    later step): the measured τ when ``eval.measured_tau_prompts`` > 0, else the simulated one. An
+    intermediate best is copied to ``output_dir/best``; the final eval's heads are still in memory, so
+    `save_final` needs no copy of them."""
     ev = evaluate(run)
+    measured = measure_tau(run)
+    seconds = measured.pop("_seconds") if measured else None
+    ev |= measured or {}
     run.best_eval_loss = min(run.best_eval_loss, ev["loss"])
     log(run, eval_metrics(run, ev))
     run.last_eval = {"step": run.step, **ev}
-    tau = ev["sim_accept_length"]
+    tau = ev.get("measured_accept_length", ev["sim_accept_length"])
     is_best = tau >= run.best_accept_length
     if is_best:
         run.best_accept_length, run.best_step = tau, run.step
         if not final:
             save_heads_copy(run, os.path.join(run.cfg.output_dir, BEST), {"step": run.step, **ev})
+    best = " (best)" if is_best else ""
     run.print(
-        f"step {run.step}: eval loss {ev['loss']:.4f} | τ(sim) {tau:.3f}{' (best)' if is_best else ''} | "
-        f"top-1 "
+        f"step {run.step}: eval loss {ev['loss']:.4f} | τ(sim) {ev['sim_accept_length']:.3f}"
+        + (best if measured is None else f" | τ(measured) {tau:.3f}{best} in {seconds:.1f} s")
+        + f" | top-1 {'vs target' if 'top1_vs_target' in ev else 'vs data'} "
         + " ".join(f"{a:.3f}" for a in ev["top1"])
         + (f" | backbone KL(orig‖adapted) {ev['backbone_kl']:.5f} nats/token" if "backbone_kl" in ev else "")
     )
@@ -960,17 +905,6 @@ def fit(run: Run) -> None:
 # ---------------------------------------------------------------------------------------------- save
 
 
-def accuracy_table(ev: dict[str, Any], pos: str = "head") -> str:
-    """Per position: what it predicts (pair t predicts t+2+k), loss, top-1 (and top-5 for Medusa)."""
-    top5 = ev.get("top5") or [None] * len(ev["top1"])
-    lines = [f"{pos:>4}  predicts   loss    top-1   {'top-5   ' if ev.get('top5') else ''}positions"]
-    for k, (loss, t1, t5, n) in enumerate(zip(ev["head_loss"], ev["top1"], top5, ev["count"], strict=True)):
-        t5s = f"{100 * t5:5.1f}%  " if t5 is not None else ""
-        lines.append(f"{k:>4}  t+{k + 2:<7}  {loss:6.3f}  {100 * t1:5.1f}%  {t5s}{n:>9}")
-    lines.append(f"simulated acceptance length τ = 1 + Σ_k Π_(j<=k) top1_j = {ev['sim_accept_length']:.3f}")
-    return "\n".join(lines)
-
-
 def model_card(run: Run, ev: dict[str, Any] | None) -> str:
     """The README.md saved with the heads (`heads.hub.model_card_text`); its usage snippet loads them from
     ``hub_model_id`` when set, else from ``output_dir``."""
@@ -1056,7 +990,7 @@ def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None
 
 
 def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Write the *best* heads by simulated acceptance length τ to ``output_dir``, and return their eval.
+    """Write the *best* heads by acceptance length τ (`run_eval`) to ``output_dir``, and return their eval.
 
     Without eval data these are the last heads. If the final eval is the best (ties go to the later
     step), the heads in memory are saved; otherwise the copy that `run_eval` kept in ``output_dir/best``
@@ -1127,19 +1061,25 @@ def start(cfg: RunConfig, features: str | None = None) -> Run | None:
     return run
 
 
+def _tau_words(ev: dict[str, Any]) -> str:
+    measured = ev.get("measured_accept_length")
+    return (
+        f"{measured:.3f} measured, " if measured is not None else ""
+    ) + f"{ev['sim_accept_length']:.3f} simulated"
+
+
 def finish(run: Run) -> dict[str, Any] | None:
     """fit -> validate -> save. Returns the final held-out metrics (None without eval data)."""
     fit(run)
     ev = run_eval(run, final=True) if len(run.eval_dl) else None
     best = save_final(run, ev)
     if run.cfg.push_to_hub:
-        tau = f", simulated τ {best['sim_accept_length']:.3f}" if best else ""
+        tau = f", τ {_tau_words(best)}" if best else ""
         push_heads(run, run.cfg.output_dir, f"{run.head_config.head_type} heads after {run.step} steps{tau}")
     if ev is not None:
         run.print(f"\nheld-out accuracy after {run.step} steps:\n{accuracy_table(ev, position_name(run))}")
         run.print(
-            f"best simulated acceptance length τ {best['sim_accept_length']:.3f} at step {best['step']}: "
-            f"those heads are saved to {run.cfg.output_dir}"
+            f"best τ {_tau_words(best)} at step {best['step']}: those heads are saved to {run.cfg.output_dir}"
         )
     run.accelerator.end_training()
     return ev
