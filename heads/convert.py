@@ -63,6 +63,23 @@ SGLang's ``LlamaDecoderLayer`` for EAGLE-3 does unconditionally; that is specula
 ``norm_before_residual`` to ``true``, so the export always writes ``false`` explicitly, and an import
 of a checkpoint whose layer norms before the residual (or does not say) is refused.
 
+**Embedding scale (Gemma).** selfspec's drafts take ``embed(x)`` from the target's embedding *module*;
+Gemma's multiplies the rows by s = sqrt(H) (in the weight dtype). Both engines give a Llama draft the
+raw rows W[x]: vLLM shares the target's ``model.embed_tokens`` (a plain ``VocabParallelEmbedding``;
+Gemma2/3's ``normalizer`` is applied in the target's ``embed_input_ids``/forward, outside it), SGLang
+passes ``get_embed_and_head()``'s weight to ``set_embed``/``set_embed_and_head`` (the draft's plain
+lookup; Gemma-3's ``Gemma3TextScaledWordEmbedding`` scale is in the target module's forward only). The
+heads record s as ``embed_scale`` when made for a target (`heads.draft_layer.target_embed_scale`).
+EAGLE-1: fc(cat(s W[x], f)) = (s W_e) W[x] + W_f f, so the export multiplies fc's embedding columns
+(the first H in selfspec's layout and in both engines' ``cat((embeds, hidden_states))``) by s: exact up
+to one rounding of the product in the weight dtype (`fold_embed_scale`; imports divide it out). Heads
+without ``embed_scale`` are measured from ``target`` when given, else assumed 1.0 except for a Gemma
+family target, which is refused. EAGLE-3 is not changed: its embedding enters only through the RMSNorm
+``input_norm`` (``input_layernorm`` in the engines), which cancels s up to its eps: for a row of mean
+square ms, the engines' output differs from selfspec's by the relative factor
+1 - sqrt((ms + eps/s^2) / (ms + eps)) <= eps (1 - 1/s^2) / (2 ms) (zero rows: 0). No weight can absorb
+it (the factor depends on the row), and the layer's one ``rms_norm_eps`` also sets its other three norms.
+
 **Draft layers** (`engine_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
 draft classes for any target (the layer's config is the recorded ``draft_layer_config``);
 ``draft_layer: target`` heads export where an engine has that family's draft class: Llama/Mistral

@@ -719,3 +719,23 @@ def test_gemma_eagle3_input_norm_cancels_the_scale_up_to_eps():
     rel = (theirs - ours).norm(dim=-1) / ours.norm(dim=-1).clamp_min(1e-30)
     bound = eps * (1 - 1 / s**2) / (2 * ms.clamp_min(1e-30)) + 1e-6  # + fp32 rounding
     assert (rel <= bound).all() and rel.max() > 0, (rel.max(), bound.min())  # near, not exactly, cancelled
+
+
+def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
+    """Gemma EAGLE-1 heads without embed_scale: the CLI loads the target for it, and the fc is the fold."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import export_heads as cli
+
+    target("gemma2").save_pretrained(tmp_path / "target")
+    head = gemma_eagle()
+    export_heads(head, str(tmp_path / "recorded"), "vllm")
+    head.config.embed_scale = None
+    head.config.base_model_name_or_path = None
+    save_heads(head, str(tmp_path / "heads"))
+    with pytest.raises(SystemExit, match="embedding scale"):
+        cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "x")])
+    cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out"),
+              "--target", str(tmp_path / "target")])
+    assert "embedding scale" in capsys.readouterr().out
+    fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "out")]
+    assert torch.equal(*fc)
