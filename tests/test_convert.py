@@ -739,3 +739,14 @@ def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
     assert "embedding scale" in capsys.readouterr().out
     fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "out")]
     assert torch.equal(*fc)
+
+
+def test_embed_scale_is_the_modules_own_factor_in_its_dtype():
+    """Gemma multiplies by sqrt(H) rounded to the weight dtype: a bf16 target records that rounded value."""
+    import copy
+
+    from heads.draft_layer import target_embed_scale
+
+    m = copy.deepcopy(target("gemma2")).to(torch.bfloat16)
+    assert target_embed_scale(m) == float(torch.tensor(H**0.5).to(torch.bfloat16)) != H**0.5
+    assert target_embed_scale(target()) == 1.0  # Llama: a plain lookup
