@@ -63,6 +63,23 @@ SGLang's ``LlamaDecoderLayer`` for EAGLE-3 does unconditionally; that is specula
 ``norm_before_residual`` to ``true``, so the export always writes ``false`` explicitly, and an import
 of a checkpoint whose layer norms before the residual (or does not say) is refused.
 
+**Embedding scale (Gemma).** selfspec's drafts take ``embed(x)`` from the target's embedding *module*;
+Gemma's multiplies the rows by s = sqrt(H) (in the weight dtype). Both engines give a Llama draft the
+raw rows W[x]: vLLM shares the target's ``model.embed_tokens`` (a plain ``VocabParallelEmbedding``;
+Gemma2/3's ``normalizer`` is applied in the target's ``embed_input_ids``/forward, outside it), SGLang
+passes ``get_embed_and_head()``'s weight to ``set_embed``/``set_embed_and_head`` (the draft's plain
+lookup; Gemma-3's ``Gemma3TextScaledWordEmbedding`` scale is in the target module's forward only). The
+heads record s as ``embed_scale`` when made for a target (`heads.draft_layer.target_embed_scale`).
+EAGLE-1: fc(cat(s W[x], f)) = (s W_e) W[x] + W_f f, so the export multiplies fc's embedding columns
+(the first H in selfspec's layout and in both engines' ``cat((embeds, hidden_states))``) by s: exact up
+to one rounding of the product in the weight dtype (`fold_embed_scale`; imports divide it out). Heads
+without ``embed_scale`` are measured from ``target`` when given, else assumed 1.0 except for a Gemma
+family target, which is refused. EAGLE-3 is not changed: its embedding enters only through the RMSNorm
+``input_norm`` (``input_layernorm`` in the engines), which cancels s up to its eps: for a row of mean
+square ms, the engines' output differs from selfspec's by the relative factor
+1 - sqrt((ms + eps/s^2) / (ms + eps)) <= eps (1 - 1/s^2) / (2 ms) (zero rows: 0). No weight can absorb
+it (the factor depends on the row), and the layer's one ``rms_norm_eps`` also sets its other three norms.
+
 **Draft layers** (`engine_layer_config`). ``draft_layer: llama`` heads export to the engines' Llama
 draft classes for any target (the layer's config is the recorded ``draft_layer_config``);
 ``draft_layer: target`` heads export where an engine has that family's draft class: Llama/Mistral
@@ -321,6 +338,60 @@ def engine_layer_config(cfg: dict[str, Any], head: str, engine: str) -> tuple[st
     return "llama", llama_draft_config(tc, H, V, dtype)
 
 
+def needs_embed_scale(cfg: dict[str, Any]) -> bool:
+    """True iff exporting these heads needs the target's embedding scale, which they do not record: an
+    EAGLE-1 head for a Gemma-family target saved before ``embed_scale`` was recorded."""
+    mt = str((cfg.get("target_config") or {}).get("model_type", ""))
+    return cfg.get("head_type") == "eagle" and cfg.get("embed_scale") is None and "gemma" in mt
+
+
+def resolve_embed_scale(cfg: dict[str, Any], target: nn.Module | None = None) -> float:
+    """The factor s by which the target's embedding module scales its weight rows, for an EAGLE-1 export.
+
+    The recorded ``embed_scale`` (checked against ``target`` if given); else measured from ``target``
+    (`heads.draft_layer.target_embed_scale`); else 1.0, except for Gemma-family targets (whose embedding
+    module multiplies by sqrt(H)), which are refused: a guessed factor would be silently wrong.
+    """
+    from heads.draft_layer import target_embed_scale
+
+    recorded = cfg.get("embed_scale")
+    measured = target_embed_scale(target) if target is not None else None
+    if target is not None and measured is None:
+        raise ValueError(
+            "cannot export EAGLE heads: the target's input embedding is not a scaled lookup of its weight rows, "
+            "which is all an engine's Llama draft can compute"
+        )
+    if recorded is not None:
+        if measured is not None and abs(measured - recorded) > 1e-3 * abs(recorded):
+            raise ValueError(
+                f"the heads recorded embed_scale {recorded}, but the given target's embedding scales by {measured}: "
+                "a target other than the one the heads were trained on"
+            )
+        return float(recorded)
+    if measured is not None:
+        return measured
+    if needs_embed_scale({**cfg, "head_type": "eagle"}):
+        mt = cfg["target_config"]["model_type"]
+        raise ValueError(
+            f"cannot export these EAGLE heads for a {mt!r} target without its embedding scale: they were saved "
+            "before embed_scale was recorded, and Gemma's embedding module multiplies by sqrt(hidden_size), "
+            "which the export folds into fc; pass the target (scripts/export_heads.py --target)"
+        )
+    return 1.0
+
+
+def fold_embed_scale(fc_weight: Tensor, scale: float) -> Tensor:
+    """fc.weight [H, 2H] with its embedding columns (the first H: every layout concatenates the embedding
+    first) multiplied by ``scale``: fc(cat(s e, f)) = (s W_e) e + W_f f, so the engines' unscaled lookup e
+    gives selfspec's function. Computed in float32 and rounded once to the weight dtype."""
+    if scale == 1.0:
+        return fc_weight
+    H = fc_weight.shape[0]
+    out = fc_weight.clone()
+    out[:, :H] = (fc_weight[:, :H].float() * scale).to(fc_weight.dtype)
+    return out
+
+
 def _with_dtype(cfg: dict[str, Any], state: dict[str, Tensor]) -> dict[str, Any]:
     return {**cfg, "_dtype": _dtype_name(state)}
 
@@ -338,12 +409,19 @@ def eagle_to_engine(
     has no parameter for, so a head with a non-zero bias cannot be served by vLLM and is refused
     (train with ``heads.options.bias=false``, or serve with SGLang). No ``bias`` key is written: SGLang's
     Llama layer reads ``config.bias`` as *attention* bias.
+
+    Embedding scale: both engines feed the draft the target's raw embedding rows W[x] (vLLM shares the
+    target's ``embed_tokens`` module, SGLang its weight through ``set_embed_and_head``; Gemma's sqrt(H)
+    is applied outside those, in the target's own forward), while selfspec's fc sees embed(x) = s W[x].
+    So fc's embedding columns are multiplied by s = ``cfg["embed_scale"]`` (`resolve_embed_scale`,
+    `fold_embed_scale`): exact up to one rounding of the product in the weight dtype.
     """
     if engine not in ("sglang", "vllm"):
         raise ValueError(f"EAGLE-1 exports to sglang or vllm, not {engine!r}")
     family, layer = engine_layer_config(_with_dtype(cfg, state), "eagle", engine)
     H = cfg["hidden_size"]
     out = dict(state)
+    out["fc.weight"] = fold_embed_scale(state["fc.weight"], resolve_embed_scale(cfg))
     if engine == "sglang":
         if "fc.bias" not in out:
             out["fc.bias"] = torch.zeros(H, dtype=state["fc.weight"].dtype)
@@ -472,9 +550,15 @@ def needs_target_weights(heads: nn.Module, to: str) -> bool:
 
 
 def export_state(
-    heads: nn.Module, to: str, target_lm_head: Tensor | None = None, *, speculative_tokens: int = 3
+    heads: nn.Module,
+    to: str,
+    target_lm_head: Tensor | None = None,
+    *,
+    speculative_tokens: int = 3,
+    target: nn.Module | None = None,
 ) -> tuple[dict[str, Any], dict[str, Tensor], str]:
-    """(config dict, state dict, weights file name) of ``heads`` in format ``to``; see the module docstring."""
+    """(config dict, state dict, weights file name) of ``heads`` in format ``to``; see the module docstring.
+    ``target``: optional; EAGLE-1 exports measure its embedding scale (or check the recorded one)."""
     kind = heads.config.head_type
     if kind not in SUPPORTED_EXPORTS:
         raise ValueError(f"unknown head type {kind!r}: exports exist for {sorted(SUPPORTED_EXPORTS)}")
@@ -504,7 +588,7 @@ def export_state(
         config, out = fn(state, cfg, lm)
         name = WEIGHTS_NAME if to == "vllm" else MEDUSA_WEIGHTS_NAME
     elif kind == "eagle":
-        config, out = eagle_to_engine(state, cfg, to)
+        config, out = eagle_to_engine(state, {**cfg, "embed_scale": resolve_embed_scale(cfg, target)}, to)
         name = WEIGHTS_NAME
     elif to == "sglang":
         config, out = eagle3_to_sglang(state, cfg)
@@ -522,11 +606,14 @@ def export_heads(
     target_lm_head: Tensor | None = None,
     *,
     speculative_tokens: int = 3,
+    target: nn.Module | None = None,
 ) -> list[str]:
     """Write ``heads`` in format ``to`` (``config.json`` + weights) to ``out_dir``; returns the paths."""
     from safetensors.torch import save_file
 
-    config, state, name = export_state(heads, to, target_lm_head, speculative_tokens=speculative_tokens)
+    config, state, name = export_state(
+        heads, to, target_lm_head, speculative_tokens=speculative_tokens, target=target
+    )
     os.makedirs(out_dir, exist_ok=True)
     state = _cpu(state)
     wpath, cpath = os.path.join(out_dir, name), os.path.join(out_dir, CONFIG_NAME)
@@ -889,11 +976,15 @@ def import_eagle(
 ) -> nn.Module:
     """EAGLE-1/2 checkpoint (``fc.*``, ``layers.0.*``, maybe ``embed_tokens``) -> `EagleHead`.
 
+    Its fc was fed the raw embedding rows (as the engines feed them): for a target whose embedding module
+    scales (Gemma), fc's embedding columns are divided by the scale, the inverse of the export's fold.
+
     fc bias: a checkpoint without ``fc.bias`` imports as ``bias=False`` (the same function as a zero bias)
     even where its config says ``bias: true`` (a known inconsistency of published EAGLE checkpoints,
     which engines then fill with a random init); a non-zero ``fc.bias`` where the config says
     ``bias: false`` is contradictory and refused.
     """
+    from heads.draft_layer import target_embed_scale
     from heads.eagle import EagleConfig, EagleHead
     from heads.graft import target_dims
 
@@ -929,6 +1020,9 @@ def import_eagle(
         )
     else:
         use_bias = True
+    scale = target_embed_scale(target)
+    if scale:  # the engines and EAGLE's own code feed fc raw rows W[x]; selfspec feeds embed(x) = s W[x]
+        state["fc.weight"] = fold_embed_scale(w, 1.0 / scale)
     head = EagleHead(
         EagleConfig(
             hidden_size=hidden,
@@ -936,6 +1030,7 @@ def import_eagle(
             base_model_name_or_path=_target_name(raw, target),
             target_config=_draft_target_config(raw, target, what),
             draft_layer="target",  # as before draft_layer existed (the same layer for Llama targets)
+            embed_scale=scale,
             bias=use_bias,
         )
     )
@@ -948,6 +1043,7 @@ def import_eagle3(
 ) -> nn.Module:
     """EAGLE-3 checkpoint -> `Eagle3Head`. ``convention``: ``"sglang"`` (HF/SGLang layout: ids in
     ``eagle_config`` mean "output of layer j" = selfspec j + 1) or ``"vllm"`` (speculators: as-is)."""
+    from heads.draft_layer import target_embed_scale
     from heads.eagle3 import Eagle3Config, Eagle3Head, default_aux_layer_ids
     from heads.graft import num_layers, target_dims
 
@@ -1024,6 +1120,7 @@ def import_eagle3(
             base_model_name_or_path=_target_name(raw, target),
             target_config=_draft_target_config(raw, target, what),
             draft_layer="target",  # as before draft_layer existed (the same layer for Llama targets)
+            embed_scale=target_embed_scale(target),
             aux_layer_ids=[int(i) for i in ids],
             draft_vocab_size=None if Vd == vocab else Vd,
         )

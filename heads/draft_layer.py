@@ -187,7 +187,7 @@ def measure_embed_scale(embed: nn.Module) -> float | None:
     must fold the factor in (EAGLE-1: into ``fc``'s embedding columns).
     """
     w = getattr(embed, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.device.type == "meta" or w.shape[0] == 0:
         return None
     ids = torch.arange(min(w.shape[0], 16), device=w.device)
     with torch.no_grad():
@@ -197,3 +197,18 @@ def measure_embed_scale(embed: nn.Module) -> float | None:
         return None
     scale = float((out * rows).sum()) / denom
     return scale if torch.allclose(out, rows * scale, rtol=1e-2, atol=1e-6) else None
+
+
+def target_embed_scale(target: nn.Module) -> float | None:
+    """``embed_scale`` for heads of ``target``: `measure_embed_scale` of its input embedding module, made
+    exact where the module states its factor (Gemma's ``embed_scale``, which it multiplies in the weight
+    dtype: sqrt(H) rounded to bf16 in a bf16 model) and the measurement agrees with it; None where the
+    module's output is not a multiple of its weight rows."""
+    embed = target.get_input_embeddings()
+    scale = measure_embed_scale(embed)
+    stated = getattr(embed, "embed_scale", None)
+    w = getattr(embed, "weight", None)
+    if scale is None or stated is None or not isinstance(w, torch.Tensor):
+        return scale
+    exact = float(torch.as_tensor(stated).to(w.dtype))
+    return exact if abs(exact - scale) <= 1e-2 * abs(exact) else scale

@@ -48,6 +48,7 @@ embedding and lm_head are the target's and are passed at call time.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -63,6 +64,7 @@ from heads.draft_layer import (
     draft_llama_config,
     llama_layer_config,
     target_config_object,
+    target_embed_scale,
 )
 from heads.graft import TargetOutput
 from heads.hub import HubMixin
@@ -84,6 +86,10 @@ class EagleConfig(HeadConfig):
         A config.json without the key (heads saved before it existed) loads as ``"target"``.
     draft_layer_config: the ``LlamaConfig`` keyword arguments of a ``"llama"`` layer, resolved from
         ``target_config`` by `heads.draft_layer.llama_layer_config` and saved (None for ``"target"``).
+    embed_scale: the factor by which the target's embedding module scales its weight rows (Gemma:
+        sqrt(H) in the weight dtype; 1.0 for most targets), measured from the target by `for_target`
+        (`heads.draft_layer.target_embed_scale`) so that an export can fold it into ``fc`` without the
+        target; None: not recorded (heads saved before the field existed). selfspec itself never reads it.
     bias: whether ``fc`` has a bias (EAGLE-1 checkpoints have one).
     w_reg, w_cls: weights of the SmoothL1 feature regression and of the soft-label cross-entropy.
     noise: training-time feature augmentation, f + U(-noise, noise); 0 disables it.
@@ -93,6 +99,7 @@ class EagleConfig(HeadConfig):
     target_config: dict[str, Any] = field(default_factory=dict)
     draft_layer: Literal["llama", "target"] = "llama"
     draft_layer_config: dict[str, Any] | None = None
+    embed_scale: float | None = None
     bias: bool = True
     w_reg: float = 1.0
     w_cls: float = 0.1
@@ -101,6 +108,7 @@ class EagleConfig(HeadConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_target_config(self.target_config)
+        validate_embed_scale(self.embed_scale)
         resolve_draft_layer(self)
         if self.w_reg < 0 or self.w_cls < 0:
             raise ValueError(f"loss weights must be >= 0, got w_reg={self.w_reg}, w_cls={self.w_cls}")
@@ -153,6 +161,14 @@ def validate_target_config(target_config: Any) -> None:
         raise ValueError(f"target_config must be a dict (the target's config), got {type(target_config)}")
     if target_config and "model_type" not in target_config:
         raise ValueError("target_config has no 'model_type': pass target.config.get_text_config().to_dict()")
+
+
+def validate_embed_scale(scale: Any) -> None:
+    """Raise ``ValueError`` unless ``scale`` (a config's ``embed_scale``) is None or a positive finite number."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"embed_scale must be a positive finite number or None, got {str(scale)[:60]!r}")
 
 
 def check_target_arch(config: HeadConfig, target: nn.Module) -> None:
@@ -311,6 +327,7 @@ class EagleHead(HubMixin, nn.Module):
         vocab, hidden = target_dims(target)
         name = getattr(target.config, "_name_or_path", None) or None
         tcfg = target_config_dict(target)
+        kwargs.setdefault("embed_scale", target_embed_scale(target))
         head = cls(
             EagleConfig(
                 hidden_size=hidden,

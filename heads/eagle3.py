@@ -63,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.base import HeadConfig, register
+from heads.draft_layer import target_embed_scale
 from heads.eagle import (
     _CACHE_KWARGS,
     build_layer,
@@ -70,6 +71,7 @@ from heads.eagle import (
     check_target_arch,
     resolve_draft_layer,
     target_config_dict,
+    validate_embed_scale,
     validate_target_config,
     with_legacy_draft_layer,
 )
@@ -141,6 +143,7 @@ class Eagle3Config(HeadConfig):
     target_config: the target's text config as a dict (as `heads.eagle.EagleConfig`).
     draft_layer, draft_layer_config: the draft decoder layer, as `heads.eagle.EagleConfig` (``"llama"``
         by default; a config.json without the key loads as ``"target"``).
+    embed_scale: the target embedding module's scale, as `heads.eagle.EagleConfig` (recorded for exports).
     aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low < mid < high,
         see `check_aux_ids`); None = `default_aux_layer_ids` (resolved as soon as ``target_config`` is
         known, and saved resolved).
@@ -154,6 +157,7 @@ class Eagle3Config(HeadConfig):
     target_config: dict[str, Any] = field(default_factory=dict)
     draft_layer: Literal["llama", "target"] = "llama"
     draft_layer_config: dict[str, Any] | None = None
+    embed_scale: float | None = None
     aux_layer_ids: list[int] | None = None
     draft_vocab_size: int | None = None
     ttt_steps: int = 7
@@ -163,6 +167,7 @@ class Eagle3Config(HeadConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_target_config(self.target_config)
+        validate_embed_scale(self.embed_scale)
         resolve_draft_layer(self)
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
@@ -412,6 +417,7 @@ class Eagle3Head(HubMixin, nn.Module):
 
         vocab, hidden = target_dims(target)
         name = getattr(target.config, "_name_or_path", None) or None
+        kwargs.setdefault("embed_scale", target_embed_scale(target))
         head = cls(
             Eagle3Config(
                 hidden_size=hidden,

@@ -638,3 +638,115 @@ def test_llama_layer_export_describes_the_trained_layer(tmp_path, arch):
         sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
         assert {k: cfg[k] for k in (*sizes, "rms_norm_eps")} == {k: layer[k] for k in (*sizes, "rms_norm_eps")}
         assert cfg["model_type"] == "llama" and cfg["rope_theta"] == layer["rope_parameters"]["rope_theta"]
+
+
+# ---------------------------------------------------------------------------------------------- Gemma embedding scale
+
+
+def gemma_eagle(**kw) -> EagleHead:
+    return randomise(EagleHead.for_target(target("gemma2"), bias=False, **kw), 21)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_gemma_eagle_export_folds_the_embedding_scale(tmp_path, engine):
+    """Both engines feed the draft's fc the raw rows W[x] of the target's embedding; selfspec feeds it
+    embed(x) = sqrt(H) W[x] (Gemma). The exported fc on (W[x], f) is selfspec's fc on (embed(x), f)."""
+    m = target("gemma2")
+    emb = m.get_input_embeddings()
+    head = gemma_eagle()
+    assert head.config.embed_scale == float(torch.tensor(H**0.5))  # measured at for_target, recorded
+    export_heads(head, str(tmp_path), engine)
+    fc = load_file(str(tmp_path / "model.safetensors"))["fc.weight"]
+    ids, f = IDS[:, 1:], torch.randn(2, 8, H, generator=torch.Generator().manual_seed(22))
+    with torch.no_grad():
+        ours = head.fc(torch.cat([emb(ids), f], -1))
+        raw = torch.cat([emb.weight[ids], f], -1)  # what the engines' draft looks up
+        theirs = raw @ fc.T
+        assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(head.fc(raw), ours, rtol=1e-2, atol=1e-2)  # unfolded, it is another function
+
+
+def test_gemma_eagle_without_recorded_scale(tmp_path):
+    """Heads saved before embed_scale was recorded: a Gemma export needs the target (which gives the same
+    fold); non-Gemma heads assume 1.0; a target whose scale differs from the recorded one is refused."""
+    head = gemma_eagle()
+    export_heads(head, str(tmp_path / "recorded"), "sglang")
+    head.config.embed_scale = None
+    with pytest.raises(ValueError, match="without its embedding scale") as e:
+        export_heads(head, str(tmp_path / "x"), "sglang")
+    assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "x")
+    export_heads(head, str(tmp_path / "measured"), "sglang", target=target("gemma2"))
+    fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "measured")]
+    assert torch.equal(*fc)
+    llama = eagle(False)
+    assert llama.config.embed_scale == 1.0
+    llama.config.embed_scale = None
+    export_heads(llama, str(tmp_path / "llama"), "vllm")
+    assert torch.equal(load_file(str(tmp_path / "llama" / "model.safetensors"))["fc.weight"], llama.fc.weight)
+    head.config.embed_scale = 2.0
+    with pytest.raises(ValueError, match="other than the one"):
+        export_heads(head, str(tmp_path / "y"), "sglang", target=target("gemma2"))
+
+
+def test_gemma_eagle_import_unfolds_the_scale(tmp_path):
+    """An EAGLE-1 checkpoint's fc takes raw rows (as the engines feed it): importing divides the scale out."""
+    m = target("gemma2")
+    head = randomise(EagleHead.for_target(m, bias=False, draft_layer="target"), 23)
+    state = {k: v.clone() for k, v in head.state_dict().items()}
+    state["fc.weight"][:, :H] *= head.config.embed_scale
+    save_file(state, str(tmp_path / "model.safetensors"))
+    tc = m.config.to_dict()
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump({**tc, "num_hidden_layers": 1, "architectures": ["Gemma2ForCausalLM"]}, f)
+    back = load_heads(str(tmp_path), m)
+    assert back.config.embed_scale == head.config.embed_scale
+    assert torch.allclose(back.fc.weight, head.fc.weight, rtol=1e-6, atol=0)
+
+
+def test_gemma_eagle3_input_norm_cancels_the_scale_up_to_eps():
+    """EAGLE-3 (not folded): the engines' input_layernorm(W[x]) vs selfspec's input_norm(s W[x]). RMSNorm
+    makes them x / sqrt(ms + eps) vs x / sqrt(ms + eps / s^2) (ms = mean(x^2)): a relative deviation
+    1 - sqrt((ms + eps/s^2) / (ms + eps)) <= eps (1 - 1/s^2) / (2 ms), 0 for a zero row (here, init std
+    0.02 and eps 1e-6: at most 2.8e-3)."""
+    m = target("gemma2")
+    head = Eagle3Head.for_target(m, aux_layer_ids=[1, 2, 3])
+    emb, s = m.get_input_embeddings(), head.config.embed_scale
+    eps = head.config.draft_layer_config["rms_norm_eps"]
+    ids = torch.arange(V)
+    with torch.no_grad():
+        ours, theirs = head.input_norm(emb(ids)), head.input_norm(emb.weight[ids])
+    ms = emb.weight[ids].pow(2).mean(-1)
+    rel = (theirs - ours).norm(dim=-1) / ours.norm(dim=-1).clamp_min(1e-30)
+    bound = eps * (1 - 1 / s**2) / (2 * ms.clamp_min(1e-30)) + 1e-6  # + fp32 rounding
+    assert (rel <= bound).all() and rel.max() > 0, (rel.max(), bound.min())  # near, not exactly, cancelled
+
+
+def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
+    """Gemma EAGLE-1 heads without embed_scale: the CLI loads the target for it, and the fc is the fold."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import export_heads as cli
+
+    target("gemma2").save_pretrained(tmp_path / "target")
+    head = gemma_eagle()
+    export_heads(head, str(tmp_path / "recorded"), "vllm")
+    head.config.embed_scale = None
+    head.config.base_model_name_or_path = None
+    save_heads(head, str(tmp_path / "heads"))
+    with pytest.raises(SystemExit, match="embedding scale"):
+        cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "x")])
+    cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out"),
+              "--target", str(tmp_path / "target")])
+    assert "embedding scale" in capsys.readouterr().out
+    fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "out")]
+    assert torch.equal(*fc)
+
+
+def test_embed_scale_is_the_modules_own_factor_in_its_dtype():
+    """Gemma multiplies by sqrt(H) rounded to the weight dtype: a bf16 target records that rounded value."""
+    import copy
+
+    from heads.draft_layer import target_embed_scale
+
+    m = copy.deepcopy(target("gemma2")).to(torch.bfloat16)
+    assert target_embed_scale(m) == float(torch.tensor(H**0.5).to(torch.bfloat16)) != H**0.5
+    assert target_embed_scale(target()) == 1.0  # Llama: a plain lookup

@@ -3,14 +3,18 @@
 Each engine is installed from its PyPI wheel into a cached venv of its own (`tests/engines/install.py`:
 ``--no-deps``, the CPU torch build, exact pure-Python dependencies; import-only stand-ins for the
 CUDA-only ``torchvision`` and ``sgl_kernel`` under SGLang, none under vLLM). For every pair of
-`tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2, Phi-3; 4 layers) are
-exported with ``scripts/export_heads.py``'s code and loaded in a subprocess inside that venv by
-`tests/engines/vllm_check.py` or `sglang_check.py`: the engine's own argument parser (the README's serve
-flags), config parsing, registry, draft construction, ``load_weights`` and embedding/lm_head sharing.
-Asserted per pair: every draft parameter loaded (NaN-filled before), no checkpoint tensor dropped (only
-``t2d``, which both engines skip by design, and SGLang's ``d2t``, which it turns into ``hot_token_id``,
-checked), the vocab map inside the target vocab, and the hidden states the engine captures equal to the
-heads' ``aux_layer_ids``. The results are written to ``results/engine-support/`` and the README quotes
+`tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2, Phi-3, Gemma-2,
+Gemma-3; 4 layers) are exported with ``scripts/export_heads.py``'s code and loaded in a subprocess
+inside that venv by `tests/engines/vllm_check.py` or `sglang_check.py`: the engine's own argument parser
+(the README's serve flags), config parsing, registry, draft construction, ``load_weights`` and
+embedding/lm_head sharing. Asserted per pair: every draft parameter loaded (NaN-filled before), no
+checkpoint tensor dropped (only ``t2d``, which both engines skip by design, and SGLang's ``d2t``, which
+it turns into ``hot_token_id``, checked), the vocab map inside the target vocab, the hidden states the
+engine captures equal to the heads' ``aux_layer_ids``, and for EAGLE-1 that the draft computes logits
+(vLLM's ``compute_logits`` with the lm_head it shares from the target) and that its ``fc`` on its own
+embedding lookup of a few ids equals selfspec's ``fc`` on the target embedding module's output (Gemma's
+sqrt(H) folded in by the export). Pairs in ``cases.NOT_SERVED`` must fail in the engine's code with the
+error named there. The results are written to ``results/engine-support/`` and the README quotes
 the table (tests/test_convert.py checks the quote).
 """
 
@@ -30,7 +34,7 @@ from heads import Eagle3Head, EagleHead, MedusaHeads, build_vocab_map
 from heads.convert import export_heads
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
-from cases import CASES, RESULTS, TABLE  # noqa: E402
+from cases import CASES, NOT_SERVED, RESULTS, TABLE  # noqa: E402
 from install import engine_python  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -69,6 +73,17 @@ def _heads(head: str, layer: str, target):
     return h
 
 
+def _fc_check(head, target) -> dict:
+    """A few ids and features with selfspec's fc output on them (the target's embedding *module*: Gemma
+    scales by sqrt(H)), for the driver to compare with the engine draft's fc on its own embedding lookup."""
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, target.config.vocab_size, (5,), generator=g)
+    f = torch.randn(5, head.config.hidden_size, generator=g)
+    with torch.no_grad():
+        want = head.fc(torch.cat([target.get_input_embeddings()(ids), f], dim=-1))
+    return {"ids": ids.tolist(), "features": f.tolist(), "expected": want.tolist()}
+
+
 def serve_args(engine: str, method: str, target: str, draft: str) -> str:
     if engine.startswith("vllm"):
         # Medusa: vLLM builds num_speculative_tokens heads, so it must be the heads' number (2 here)
@@ -100,6 +115,8 @@ def results(tmp_path_factory):
         if arch not in targets:
             m = tiny_model(arch, num_layers=L)
             m.config.architectures = [type(m).__name__]
+            if arch == "gemma2":  # as the Hub's Gemma-2 config.json files: SGLang's Gemma2 reads both keys
+                m.config.hidden_act = m.config.hidden_activation
             m.save_pretrained(os.path.join(tmp, arch))
             targets[arch] = m
         key = (head, layer, arch)
@@ -113,7 +130,10 @@ def results(tmp_path_factory):
             rows[cid] = {"id": cid, "refused_by_export": str(e)}
             continue
         rows[cid] = {"id": cid, "serve_args": serve_args(engine, method, os.path.join(tmp, arch), draft)}
-        by_engine.setdefault(engine, []).append({"id": cid, "method": method, "serve_args": rows[cid]["serve_args"]})
+        case = {"id": cid, "method": method, "serve_args": rows[cid]["serve_args"]}
+        if method == "eagle":
+            case["fc_check"] = _fc_check(heads[key], targets[arch])
+        by_engine.setdefault(engine, []).append(case)
     with ThreadPoolExecutor(len(by_engine)) as pool:  # cold installs are mostly download and unzip: overlap them
         list(pool.map(engine_python, sorted(by_engine)))
     for i, (engine, cases) in enumerate(sorted(by_engine.items())):
@@ -129,6 +149,8 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     cid, head, *_rest = case
     if "refused_by_export" in r:
         return False, "refused: " + r["refused_by_export"]
+    if cid in NOT_SERVED and not r.get("ok") and NOT_SERVED[cid][0] in r["error"]:
+        return False, "not served by the engine: " + NOT_SERVED[cid][1]
     if not r.get("ok"):
         err = r["error"]
         if head.startswith("medusa") and "SpeculativeConfig" in err and "'medusa'" in err:
@@ -138,13 +160,16 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     lo_hi = r.get("mapped_target_ids")
     if lo_hi and not (0 <= lo_hi[0] and lo_hi[1] < r["target_vocab"]):
         problems.append(f"vocab map {lo_hi} outside the target vocab {r['target_vocab']}")
+    if r.get("fc_rel_error") is not None and r["fc_rel_error"] > 1e-5:
+        problems.append(f"the draft's fc output differs from selfspec's by {r['fc_rel_error']:.2e} (relative)")
     if r.get("hot_token_id_is_arange_plus_d2t") is False:
         problems.append("hot_token_id != arange + d2t")
     if cid in expected and r.get("captured_hidden_states") != expected[cid]:
         problems.append(f"captures hidden states {r.get('captured_hidden_states')} != trained {expected[cid]}")
     if problems:
         return False, "loads with problems: " + "; ".join(problems)
-    return True, f"loads (`{r['draft_class']}`): every parameter loaded, nothing dropped"
+    fc = "" if r.get("fc_rel_error") is None else "; its fc on the engine's embedding lookup = selfspec's"
+    return True, f"loads (`{r['draft_class']}`): every parameter loaded, nothing dropped{fc}"
 
 
 def _write(rows: dict, expected: dict, tmp: str) -> None:
@@ -171,7 +196,7 @@ def _write(rows: dict, expected: dict, tmp: str) -> None:
                   sort_keys=True)
 
 
-CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033"]
+CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033" and c[0] not in NOT_SERVED]
 
 
 @pytest.mark.parametrize("case", CLAIMED, ids=[c[0] for c in CLAIMED])
@@ -184,6 +209,14 @@ def test_engine_loads_export(results, case):
 def test_vllm_033_has_no_medusa(results):
     r = results[0]["medusa-llama-vllm033"]
     assert not r.get("ok") and "SpeculativeConfig" in r["error"] and "'medusa'" in r["error"], r
+
+
+@pytest.mark.parametrize("cid", sorted(NOT_SERVED))
+def test_engine_refuses_unserved_targets(results, cid):
+    """Pairs the engine's own code does not serve fail there, with the error the table names (if a new
+    engine version serves one, this fails and the pair moves to the claimed ones)."""
+    r = results[0][cid]
+    assert not r.get("ok") and NOT_SERVED[cid][0] in r["error"], r
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=[c[0] for c in CASES if not c[5]])

@@ -119,6 +119,7 @@ class HeadsConfig:
             "base_model_name_or_path",
             "target_config",
             "draft_layer_config",
+            "embed_scale",  # measured from the target's embedding module (`heads.draft_layer.target_embed_scale`)
         }
         reserved |= {"target_adapter", "target_adapter_sha256"}  # set from the target (target.adapter)
         reserved |= {"target_architecture", "target_model_type", "target_fingerprint"}  # set from the target

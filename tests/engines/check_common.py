@@ -89,6 +89,21 @@ def audit(model: nn.Module, seen: dict[str, Tensor], shared: dict[str, str], ign
     }
 
 
+def fc_input_error(inner: nn.Module, case: dict) -> float | None:
+    """EAGLE-1: relative max error of the engine draft's ``fc(cat(embed_tokens(ids), f))`` (both engines'
+    draft forward concatenates the embedding first) against selfspec's ``fc(cat(embed(ids), f))``, which
+    the test computed with the target's own embedding module; None when the case carries no check."""
+    check = case.get("fc_check")
+    if not check:
+        return None
+    ids, f, want = (torch.tensor(check[k]) for k in ("ids", "features", "expected"))
+    with torch.no_grad():
+        e = inner.embed_tokens(ids)
+        got = inner.fc(torch.cat((e, f.to(e.dtype)), dim=-1))
+    got = got[0] if isinstance(got, tuple) else got
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
 def main(setup, run) -> None:
     """Driver entry: ``python driver.py spec.json out.json``. spec: ``{"port", "cases": [case...]}``;
     ``setup(spec)`` runs once (process group), ``run(case) -> dict`` per case; one result per case."""

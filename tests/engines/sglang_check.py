@@ -22,7 +22,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from check_common import RecordingIterator, audit, fill_nan, main  # noqa: E402
+from check_common import RecordingIterator, audit, fc_input_error, fill_nan, main  # noqa: E402
 
 
 def _server_args(spec: dict):
@@ -91,6 +91,9 @@ def run(spec: dict) -> dict:
         draft, mc, cls = _load(sa, sa.speculative_draft_model_path, True)
     finally:
         loader.DefaultModelLoader.load_weights_and_postprocess = staticmethod(original)
+    ec = getattr(mc.hf_config, "eagle_config", None) or {}
+    if spec["method"] == "eagle3":  # the target's model runner sets up the capture before the EAGLE worker
+        target.set_eagle3_layers_to_capture(ec.get("eagle_aux_hidden_state_layer_ids"))
     embed, head = target.get_embed_and_head()
     shared = {"model.embed_tokens.weight": "SGLang's EAGLE worker gives the draft the target's embedding"}
     if spec["method"] == "eagle3":
@@ -112,9 +115,9 @@ def run(spec: dict) -> dict:
         ignored["t2d"] = "SGLang's EAGLE-3 load_weights skips t2d (it maps draft->target ids with d2t only)"
     out.update(audit(draft, seen, shared, ignored))
     out["target_vocab"] = int(target.config.vocab_size)
+    if spec["method"] == "eagle":
+        out["fc_rel_error"] = fc_input_error(draft.model, spec)
     if spec["method"] == "eagle3":
-        ec = getattr(mc.hf_config, "eagle_config", None) or {}
-        target.set_eagle3_layers_to_capture(ec.get("eagle_aux_hidden_state_layer_ids"))
         # SGLang's Llama/Qwen forward appends hidden_states + residual before running layer i for each
         # i in layers_to_capture, in layer order: the input of layer i = HF hidden_states[i]
         out["captured_hidden_states"] = sorted(set(int(i) for i in target.model.layers_to_capture))

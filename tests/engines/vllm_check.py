@@ -23,7 +23,7 @@ import torch  # noqa: E402
 if not torch.accelerator.is_available():
     # torch 2.13 raises where vLLM 0.33's torch 2.14 pin returns: freeing a cache that cannot exist
     torch.accelerator.empty_cache = lambda: None
-from check_common import RecordingIterator, audit, fill_nan, main  # noqa: E402
+from check_common import RecordingIterator, audit, fc_input_error, fill_nan, main  # noqa: E402
 
 
 def _engine_config(spec: dict):
@@ -107,13 +107,19 @@ def run(spec: dict) -> dict:
     if d2t is not None:  # vLLM maps draft id i to target id i + d2t[i]
         ids = torch.arange(d2t.shape[0]) + d2t.detach().cpu()
         out["mapped_target_ids"] = [int(ids.min()), int(ids.max())]
+    if spec["method"] == "eagle":
+        # the draft computes its logits with the lm_head shared from the target: a target class without
+        # an lm_head attribute (vLLM's Gemma2) leaves it with none, and this raises as serving would
+        draft.compute_logits(torch.zeros(1, vc.model_config.get_hidden_size()))
+        out["fc_rel_error"] = fc_input_error(draft.model, spec)
     if spec["method"] == "eagle3":
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-        ids = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=vc.speculative_config))
-        if ids is None:
-            ids = target.get_eagle3_default_aux_hidden_state_layers()
-        target.set_aux_hidden_state_layers(ids)
+        # the model runner's own set-up (its supports_eagle3 check included), on a stand-in runner
+        runner = SimpleNamespace(use_aux_hidden_state_outputs=True, speculative_config=vc.speculative_config,
+                                 model=target, get_model=lambda: target)
+        runner._get_eagle3_aux_layers_from_config = lambda: GPUModelRunner._get_eagle3_aux_layers_from_config(runner)
+        GPUModelRunner._setup_eagle3_aux_hidden_state_outputs(runner)
         # vLLM's Llama/Qwen forward appends hidden_states + residual *before* layer idx for each idx in
         # aux_hidden_state_layers, in layer order: the input of layer idx = HF hidden_states[idx]
         out["captured_hidden_states"] = sorted(set(int(i) for i in target.model.aux_hidden_state_layers))
