@@ -475,3 +475,24 @@ def test_overwrite_and_resume_together_are_refused(tmp_path):
         ValueError, match="overwrite=true deletes the run in output_dir, resume='auto' continues it"
     ):
         load_config(None, [f"output_dir={tmp_path}", "overwrite=true", "resume=auto"])
+
+
+def test_enum_member_by_name_loads_and_other_getattr_is_refused(tmp_path):
+    import deepspeed  # noqa: F401  (its classes are allow-listed once it is loaded)
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from train.checkpoint import safe_torch_load
+
+    class ByName:  # pickles as getattr(ZeroStageEnum, "gradients"), as some DeepSpeed shards hold it
+        def __init__(self, cls, name):
+            self.args = (cls, name)
+
+        def __reduce__(self):
+            return getattr, self.args
+
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    torch.save({"zero_stage": ByName(ZeroStageEnum, "gradients")}, good)
+    assert safe_torch_load(str(good))["zero_stage"] is ZeroStageEnum.gradients
+    torch.save({"x": ByName(LossScaler, "__init__")}, bad)  # a step towards __globals__: refused
+    with pytest.raises(ValueError, match="refusing to load"):
+        safe_torch_load(str(bad))

@@ -353,7 +353,24 @@ def _deepspeed_globals() -> list:
         from deepspeed.utils.tensor_fragment import fragment_address
     except Exception:  # DeepSpeed not installed (or moved them): nothing to allow
         return []
-    return [LossScaler, ZeroStageEnum, fragment_address]
+    return [LossScaler, ZeroStageEnum, fragment_address, (_enum_member, "builtins.getattr")]
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What a checkpoint's ``getattr(cls, name)`` may do: some pickles store an enum member by name
+    (DeepSpeed's ``ZeroStageEnum.gradients``). Only a member of an allow-listed enum is returned; real
+    ``getattr`` would hand the unpickler any attribute (a function's ``__globals__``, ...)."""
+    import enum
+
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and cls in _deepspeed_globals()
+        and isinstance(name, str)
+        and name in cls.__members__
+    ):
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', cls)!r}, {name!r}) is not allowed")
 
 
 def safe_deepspeed_loads(engine) -> None:
