@@ -481,6 +481,7 @@ def test_enum_member_by_name_loads_and_other_getattr_is_refused(tmp_path):
     import deepspeed  # noqa: F401  (its classes are allow-listed once it is loaded)
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
+
     from train.checkpoint import safe_torch_load
 
     class ByName:  # pickles as getattr(ZeroStageEnum, "gradients"), as some DeepSpeed shards hold it
