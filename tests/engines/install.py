@@ -96,7 +96,9 @@ def engine_python(name: str) -> str:
     try:
         subprocess.run([_base_python(), "-m", "venv", tmp], check=True)
         tpy = os.path.join(tmp, "bin", "python")
-        _pip(tpy, "--no-deps", TORCH)
+        # with its own dependencies: a CUDA build of torch (where pip finds no CPU one) needs its nvidia
+        # libraries to import at all; the CPU build's are a handful of small pure-Python packages
+        _pip(tpy, TORCH)
         reqs = os.path.join(tmp, "requirements.txt")
         with open(reqs, "w") as f:
             f.write(_requirements(name))
