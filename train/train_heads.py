@@ -315,7 +315,7 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
                 f"note: DeepSpeed config sets gradient_clipping={ds['gradient_clipping']} (train.grad_clip ignored)"
             )
     heads, optimizer, train_dl, eval_dl = accelerator.prepare(heads, adamw, train_dl, eval_dl)
-    if plugin is not None:  # DeepSpeed reads its checkpoint shards with torch.load(weights_only=False)
+    if plugin is not None:  # DeepSpeed reads its checkpoint shards with an unrestricted unpickler (weights_only off)
         ckpt.safe_deepspeed_loads(heads)
 
     # Steps come from the per-process dataloader length (after sharding across processes).
