@@ -1,6 +1,6 @@
 """Draft heads grafted onto a frozen target LM. One file per head type; see `heads.base` for save/load."""
 
-from heads.base import REGISTRY, HeadConfig, load_heads, save_heads
+from heads.base import HeadConfig, load_heads, save_heads
 from heads.convert import EXPORT_FORMATS, export_heads, import_heads
 from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
 from heads.eagle3 import (
@@ -14,6 +14,7 @@ from heads.eagle3 import (
 from heads.graft import TargetOutput, freeze, load_target, run_target, target_dims
 from heads.hub import HubMixin, push_heads_dir
 from heads.medusa import MedusaConfig, MedusaHeads
+from heads.registry import REGISTRY, HeadType
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -23,6 +24,7 @@ __all__ = [
     "EagleConfig",
     "EagleHead",
     "HeadConfig",
+    "HeadType",
     "HubMixin",
     "MedusaConfig",
     "MedusaHeads",

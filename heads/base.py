@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from heads import registry
 from heads.guard import short_list
 
 CONFIG_NAME = "config.json"
@@ -37,8 +38,6 @@ HUB_PATTERNS = [
 ]
 TREE_NAME = "tree.json"  # optional: the draft tree tuned for these heads (scripts/tune_tree.py)
 
-# head_type -> (config class, module class); filled by each head file via `register`.
-REGISTRY: dict[str, tuple[type[HeadConfig], type[nn.Module]]] = {}
 
 
 def library_version() -> str:
@@ -249,10 +248,6 @@ def adapter_location(directory: str | None, recorded: str) -> str:
     return recorded
 
 
-def register(config_cls: type[HeadConfig], module_cls: type[nn.Module]) -> None:
-    REGISTRY[config_cls.head_type] = (config_cls, module_cls)
-
-
 def _atomic_write(path: str, write) -> None:
     """Write through a temp file in the same directory, then rename: a crash never leaves half a file."""
     d = os.path.dirname(os.path.abspath(path))
@@ -402,9 +397,11 @@ def load_heads(
             device = next(target.parameters()).device if device is None else device
         return heads.to(device=device, dtype=dtype).eval()
     head_type = raw.get("head_type")
-    if head_type not in REGISTRY:
-        raise ValueError(f"{directory}: unknown head_type {str(head_type)[:40]!r}; known: {sorted(REGISTRY)}")
-    config_cls, module_cls = REGISTRY[head_type]
+    try:
+        entry = registry.get(head_type)
+    except ValueError as e:
+        raise ValueError(f"{directory}: {e}") from None
+    config_cls, module_cls = entry.config, entry.module
     check_sizes(raw, os.path.join(directory, CONFIG_NAME))
     config = config_cls.from_dict(raw)
     adapter_dir = _stored_adapter(directory, config.target_adapter)

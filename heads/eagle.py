@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heads.base import HeadConfig, register
+from heads.base import HeadConfig
 from heads.draft_layer import (
     DRAFT_LAYERS,
     build_llama_layer,
@@ -68,6 +68,7 @@ from heads.draft_layer import (
 )
 from heads.graft import TargetOutput
 from heads.hub import HubMixin
+from heads.registry import HeadType, LossInputs, Objective, register
 
 # What the decoder layer calls its KV-cache argument, newest transformers first.
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
@@ -167,7 +168,12 @@ def validate_embed_scale(scale: Any) -> None:
     """Raise ``ValueError`` unless ``scale`` (a config's ``embed_scale``) is None or a positive finite number."""
     if scale is None:
         return
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not math.isfinite(scale)
+        or scale <= 0
+    ):
         raise ValueError(f"embed_scale must be a positive finite number or None, got {str(scale)[:60]!r}")
 
 
@@ -510,4 +516,34 @@ def eagle_loss(
     return loss, metrics
 
 
-register(EagleConfig, EagleHead)
+def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor], inputs: LossInputs):
+    """`Objective.loss` for EAGLE-1/2: `eagle_train_forward`, its metrics as [1] tensors."""
+    loss, m = eagle_train_forward(
+        heads,
+        out,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["loss_mask"],
+        inputs.lm_head,
+        inputs.embed,
+    )
+    keys = ("loss", "top1", "count", "loss_reg", "loss_cls", "top1_data")
+    return loss, {k: m[k].detach().float().reshape(1) for k in keys}
+
+
+register(
+    HeadType(
+        name="eagle",
+        config=EagleConfig,
+        module=EagleHead,
+        objective=Objective(
+            position_name="step",
+            positions=lambda cfg: 1,
+            weights=lambda cfg, decay: [1.0],  # the position's loss already is w_reg * reg + w_cls * cls
+            target_kwargs=lambda cfg: {},
+            loss=_objective_loss,
+        ),
+        proposer="eagle",
+        tree="dynamic",
+    )
+)

@@ -62,7 +62,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from heads.base import HeadConfig, register
+from heads.base import HeadConfig
 from heads.draft_layer import target_embed_scale
 from heads.eagle import (
     _CACHE_KWARGS,
@@ -77,6 +77,7 @@ from heads.eagle import (
 )
 from heads.graft import TargetOutput
 from heads.hub import HubMixin
+from heads.registry import HeadType, LossInputs, Objective, register
 
 ATTN_IMPLEMENTATION = "selfspec_eagle3"
 _QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
@@ -770,4 +771,27 @@ def eagle3_loss(
     return _packed_loss(z, scored, target_logits, d2t, t2d, step_weight)
 
 
-register(Eagle3Config, Eagle3Head)
+def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor], inputs: LossInputs):
+    """`Objective.loss` for EAGLE-3: the TTT unroll against the target's logits at every position."""
+    loss, m = eagle3_train_forward(
+        heads, out, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], out.logits, inputs.embed
+    )
+    return loss, {"loss": m["loss_step"], "top1": m["top1"], "count": m["count"]}
+
+
+register(
+    HeadType(
+        name="eagle3",
+        config=Eagle3Config,
+        module=Eagle3Head,
+        objective=Objective(
+            position_name="step",
+            positions=lambda cfg: cfg.ttt_steps,
+            weights=lambda cfg, decay: [cfg.step_weight**k for k in range(cfg.ttt_steps)],
+            target_kwargs=lambda cfg: {"aux_layers": tuple(cfg.aux_layer_ids), "all_logits": True},
+            loss=_objective_loss,
+        ),
+        proposer="eagle",
+        tree="dynamic",
+    )
+)

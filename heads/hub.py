@@ -43,7 +43,6 @@ from heads.base import (
     CONFIG_NAME,
     LIBRARY_NAME,
     LOGIN_HINT,
-    REGISTRY,
     TREE_NAME,
     WEIGHTS_NAME,
     _atomic_write,
@@ -53,6 +52,7 @@ from heads.base import (
     save_heads,
 )
 from heads.guard import public_name, scrub
+from heads.registry import REGISTRY
 
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
@@ -90,8 +90,8 @@ def resolve_token(token: str | None = None, repo_id: str | None = None) -> str:
 
 
 def _head_type_of(module_cls: type) -> str | None:
-    for head_type, (_, cls) in REGISTRY.items():
-        if issubclass(cls, module_cls):
+    for head_type, entry in REGISTRY.items():
+        if issubclass(entry.module, module_cls):
             return head_type
     return None
 
@@ -158,7 +158,7 @@ class HubMixin:
                 f"{path_or_id!r} ({directory}): unknown head_type {found!r}; known: {sorted(REGISTRY)}"
             )
         if want is not None and found != want:
-            right = REGISTRY[found][1].__name__
+            right = REGISTRY[found].module.__name__
             raise ValueError(
                 f"{path_or_id!r} holds {found!r} heads, not {want!r}: load it with {right}.from_pretrained "
                 f"or heads.load_heads (which reads any head type)"

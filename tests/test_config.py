@@ -118,7 +118,8 @@ def test_yaml_file_errors(tmp_path):
 
 def test_heads_options_reach_other_head_types(monkeypatch):
     """A new head type needs no new fields here: its own keywords go through heads.options."""
-    from heads.base import REGISTRY, HeadConfig
+    from heads.base import HeadConfig
+    from heads.registry import REGISTRY
 
     @dataclasses.dataclass
     class FakeConfig(HeadConfig):
@@ -130,7 +131,7 @@ def test_heads_options_reach_other_head_types(monkeypatch):
             if self.depth < 1:
                 raise ValueError("depth must be >= 1")
 
-    monkeypatch.setitem(REGISTRY, "fake", (FakeConfig, object))
+    monkeypatch.setitem(REGISTRY, "fake", types.SimpleNamespace(config=FakeConfig, module=object))
     monkeypatch.setattr(C, "TRAINABLE_HEADS", ("medusa", "fake"))
     h = HeadsConfig(type="fake", num_layers=2, options={"depth": 3})
     assert h.head_kwargs() == {"num_layers": 2, "depth": 3}
@@ -143,7 +144,7 @@ def test_heads_options_reach_other_head_types(monkeypatch):
 
 
 def test_registered_but_untrainable_head_type(monkeypatch):
-    from heads.base import REGISTRY
+    from heads.registry import REGISTRY
 
     monkeypatch.setitem(REGISTRY, "other", REGISTRY["medusa"])
     with pytest.raises(ValueError, match="training 'other' heads is not implemented yet"):

@@ -258,7 +258,7 @@ def test_medusa_config_validation(kw, message):
 
 
 def test_config_dict_round_trip_and_registry():
-    assert REGISTRY["medusa"] == (MedusaConfig, MedusaHeads)
+    assert (REGISTRY["medusa"].config, REGISTRY["medusa"].module) == (MedusaConfig, MedusaHeads)
     cfg = MedusaConfig(hidden_size=32, vocab_size=96, num_heads=5, num_layers=0, lm_head="own")
     d = cfg.to_dict()
     assert d["head_type"] == "medusa" and "selfspec_version" in d

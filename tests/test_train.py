@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import reset_accelerate
 
-from train.losses import medusa_loss, medusa_stats
+from heads.medusa import medusa_loss, medusa_stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -24,12 +24,12 @@ into real paths. Loading a config never builds anything.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from heads import config
 from train.data import DataConfig
 
 DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
@@ -90,7 +90,7 @@ class HeadsConfig:
 
     def head_config_cls(self) -> type:
         import heads  # noqa: F401  (importing the package registers every head type)
-        from heads.base import REGISTRY
+        from heads.registry import REGISTRY
 
         if self.type not in REGISTRY:
             raise ValueError(f"heads.type {self.type!r} is unknown; known head types: {sorted(REGISTRY)}")
@@ -98,7 +98,7 @@ class HeadsConfig:
             raise ValueError(
                 f"training {self.type!r} heads is not implemented yet; trainable: {list(TRAINABLE_HEADS)}"
             )
-        return REGISTRY[self.type][0]
+        return REGISTRY[self.type].config
 
     def head_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the head type's config class (the target's sizes are added later)."""
@@ -355,63 +355,10 @@ class RunConfig:
                 ) from None
 
 
-def _config_error(e: Exception) -> ValueError:
-    """Turn an OmegaConf error (multi-line, internal) into one line naming the key."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
-    key = getattr(e, "full_key", None) or ""
-    msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
-    if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
-        parent, _, leaf = key.rpartition(".")
-        known = _known_keys(parent)
-        hint = difflib.get_close_matches(leaf, known, n=1)
-        suggestion = f"; did you mean {(parent + '.' if parent else '') + hint[0]!r}?" if hint else ""
-        where = f" in {parent!r}" if parent else ""
-        return ValueError(f"unknown config key {key!r}{suggestion} (valid keys{where}: {', '.join(known)})")
-    return ValueError(f"bad config value for {key!r}: {msg}" if key else f"bad config: {msg}")
-
-
-def _known_keys(dotted: str) -> list[str]:
-    cls: Any = RunConfig
-    for part in filter(None, dotted.split(".")):
-        types = {f.name: f.default_factory for f in dataclasses.fields(cls)}
-        factory = types.get(part)
-        if factory is None or factory is dataclasses.MISSING or not dataclasses.is_dataclass(factory):
-            return []
-        cls = factory
-    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-
-
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Defaults <- YAML file at ``path`` (optional) <- ``key=value`` overrides; returns a validated `RunConfig`.
-
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (one line, naming the key) for an
-    unknown key, a value of the wrong type or a value that fails validation.
-    """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    layers = [OmegaConf.structured(RunConfig)]
-    if path is not None:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config file not found: {path!r}")
-        try:
-            layers.append(OmegaConf.load(path))
-        except Exception as e:  # yaml errors come in several types
-            raise ValueError(f"{path} is not valid YAML: {e}") from None
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        raise ValueError(f"overrides must look like key=value (e.g. train.lr=1e-3); got {bad}")
-    try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        # A __post_init__ ValueError raised inside OmegaConf arrives wrapped; unwrap it.
-        cause = e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else None
-        if cause is not None and not isinstance(cause, OmegaConfBaseException):
-            raise cause from None
-        raise _config_error(e) from None
+    """Defaults <- YAML file at ``path`` (optional) <- ``key=value`` overrides; returns a validated `RunConfig`
+    (`heads.config.load`: a missing file is ``FileNotFoundError``, a bad key or value one ``ValueError``)."""
+    return config.load(RunConfig, path, overrides)
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -420,9 +367,7 @@ def to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return config.to_yaml(cfg)
 
 
 def resolve_demo(cfg: RunConfig, cache: str | None = None) -> RunConfig:

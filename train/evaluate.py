@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from train.losses import medusa_labels, medusa_loss, simulated_accept_length
+from heads.medusa import medusa_labels, medusa_loss
+from train.losses import simulated_accept_length
 
 
 def _keep_rows(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -229,7 +230,7 @@ def measure_tau(run) -> dict[str, Any] | None:
     target is the one being trained), or with no usable prompt.
     """
     import infer
-    from heads.base import REGISTRY
+    from heads.registry import REGISTRY
     from infer.generate import context_length
 
     ecfg, acc = run.cfg.eval, run.accelerator
@@ -242,7 +243,7 @@ def measure_tau(run) -> dict[str, Any] | None:
     if acc.is_main_process:
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            heads = REGISTRY[run.head_config.head_type][1](run.head_config)  # its init draws from the RNG
+            heads = REGISTRY[run.head_config.head_type].module(run.head_config)  # its init draws from the RNG
             heads.load_state_dict(state)
             p = next(run.target.parameters())
             model = infer.SpecModel(run.target, heads.to(device=p.device, dtype=p.dtype).eval())

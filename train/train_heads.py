@@ -57,12 +57,15 @@ if __package__ in (None, ""):  # run as a script: import from the repo root, not
 import torch
 from torch import Tensor, nn
 
+from heads import registry
 from heads.base import ADAPTER_DIR  # the LoRA's subdirectory next to Medusa-2 heads (output_dir, best/)
+from heads.medusa import medusa_loss
+from heads.registry import LossInputs
 from train import checkpoint as ckpt
 from train.checkpoint import CHECKPOINTS, SCHEDULER_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (API)
 from train.config import RunConfig, load_config, resolve_demo, to_dict, to_yaml
 from train.evaluate import accuracy_table, eval_metrics, evaluate, measure_tau  # noqa: F401 (API)
-from train.losses import medusa_loss, simulated_accept_length
+from train.losses import simulated_accept_length
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -206,8 +209,8 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
     from torch.utils.data import DataLoader
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
-    from heads.base import REGISTRY
     from heads.graft import load_target, looks_local, num_layers
+    from heads.registry import REGISTRY
     from train.data import build_datasets, collate
 
     accelerator = accelerator or make_accelerator(cfg)
@@ -267,7 +270,7 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
             raise ValueError(
                 f"the tokenizer has {len(tokenizer)} tokens but the target's lm_head only {target.get_output_embeddings().weight.shape[0]}"
             )
-        module_cls = REGISTRY[cfg.heads.type][1]
+        module_cls = REGISTRY[cfg.heads.type].module
         heads = module_cls.for_target(target, **cfg.heads.head_kwargs()).float()
         heads.config.record_target(target)  # its adapter, architecture and fingerprint: heads fit only it
     if cfg.heads.type == "eagle3" and heads.config.draft_vocab_size is not None:
@@ -315,7 +318,9 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
                 f"note: DeepSpeed config sets gradient_clipping={ds['gradient_clipping']} (train.grad_clip ignored)"
             )
     heads, optimizer, train_dl, eval_dl = accelerator.prepare(heads, adamw, train_dl, eval_dl)
-    if plugin is not None:  # DeepSpeed reads its checkpoint shards with an unrestricted unpickler (weights_only off)
+    if (
+        plugin is not None
+    ):  # DeepSpeed reads its checkpoint shards with an unrestricted unpickler (weights_only off)
         ckpt.safe_deepspeed_loads(heads)
 
     # Steps come from the per-process dataloader length (after sharding across processes).
@@ -381,22 +386,18 @@ def install_vocab_map(heads: nn.Module, train_ds, print_fn=print) -> None:
 
 
 def num_positions(cfg: Any) -> int:
-    """K, the draft positions scored per pair: Medusa heads, EAGLE-3 TTT steps, 1 for EAGLE-1/2."""
-    return {"medusa": lambda: cfg.num_heads, "eagle3": lambda: cfg.ttt_steps}.get(cfg.head_type, lambda: 1)()
+    """K, the draft positions scored per pair (the head type's `heads.registry.Objective.positions`)."""
+    return registry.get(cfg.head_type).objective.positions(cfg)
 
 
 def position_weights(run: Run) -> list[float]:
     """Weight of each position's loss in the total (what `batch_loss` sums)."""
-    cfg, K = run.head_config, num_positions(run.head_config)
-    if cfg.head_type == "medusa":
-        return [run.cfg.train.decay**k for k in range(K)]
-    if cfg.head_type == "eagle3":
-        return [cfg.step_weight**k for k in range(K)]
-    return [1.0]  # EAGLE-1/2: the position's loss already is w_reg * reg + w_cls * cls
+    cfg = run.head_config
+    return registry.get(cfg.head_type).objective.weights(cfg, run.cfg.train.decay)
 
 
 def position_name(run: Run) -> str:
-    return "head" if run.head_config.head_type == "medusa" else "step"
+    return registry.get(run.head_config.head_type).objective.position_name
 
 
 def target_forward(run: Run, batch: dict[str, Tensor]):
@@ -410,9 +411,9 @@ def target_forward(run: Run, batch: dict[str, Tensor]):
         return TargetOutput(logits=batch.get("logits"), hidden=batch.get("hidden"), aux=aux)
 
     kwargs: dict[str, Any] = {"use_cache": False}
-    if run.head_config.head_type == "eagle3":
-        kwargs["aux_layers"] = tuple(run.head_config.aux_layer_ids)
-    elif "logits_to_keep" in inspect.signature(unwrap_peft(run.target).forward).parameters:
+    kwargs |= registry.get(run.head_config.head_type).objective.target_kwargs(run.head_config)
+    all_logits = kwargs.pop("all_logits", False)
+    if not all_logits and "logits_to_keep" in inspect.signature(unwrap_peft(run.target).forward).parameters:
         kwargs["logits_to_keep"] = 1  # a PeftModel's forward is (*args, **kwargs): ask the model inside
     with torch.no_grad():
         return run_target(run.target, batch["input_ids"], batch["attention_mask"], **kwargs)
@@ -425,27 +426,13 @@ def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Te
     entry per draft position: ``count`` (scored positions) and averages over them: ``loss`` (that
     position's loss, unweighted), ``top1`` (+ ``top5`` for Medusa, ``loss_reg``/``loss_cls`` for EAGLE).
     """
-    from heads.eagle import eagle_train_forward
-    from heads.eagle3 import eagle3_train_forward
-
     if run.cfg.joint.enabled:
         return joint_batch_loss(run, batch)
-    ids, am, lm = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     out = target_forward(run, batch)
-    kind = run.head_config.head_type
-    if kind == "medusa":
-        dtype = next(run.accelerator.unwrap_model(run.heads).parameters()).dtype
-        logits = run.heads(out.hidden.to(dtype), run.lm_head)  # [K, B, T, V]
-        return medusa_loss(logits, ids, lm, run.cfg.train.decay)
-    embed = run.target.get_input_embeddings()
-    if kind == "eagle":
-        loss, m = eagle_train_forward(run.heads, out, ids, am, lm, run.lm_head, embed)
-        keys = ("loss", "top1", "count", "loss_reg", "loss_cls", "top1_data")
-        return loss, {k: m[k].detach().float().reshape(1) for k in keys}
-    if kind == "eagle3":
-        loss, m = eagle3_train_forward(run.heads, out, ids, am, lm, out.logits, embed)
-        return loss, {"loss": m["loss_step"], "top1": m["top1"], "count": m["count"]}
-    raise ValueError(f"no training loss for {kind!r} heads")
+    inputs = LossInputs(
+        lm_head=run.lm_head, embed=run.target.get_input_embeddings(), decay=run.cfg.train.decay
+    )
+    return registry.get(run.head_config.head_type).objective.loss(run.heads, out, batch, inputs)
 
 
 # ---------------------------------------------------------------------------------------------- Medusa-2
@@ -959,7 +946,8 @@ def push_checkpoint_heads(run: Run) -> None:
 def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None:
     """Heads-only save of the current weights (gathered under ZeRO-3; every process calls this) into
     ``directory``, written to a temporary sibling and renamed, with the run config and ``ev``."""
-    from heads.base import REGISTRY, save_heads
+    from heads.base import save_heads
+    from heads.registry import REGISTRY
 
     acc = run.accelerator
     acc.wait_for_everyone()
@@ -968,7 +956,7 @@ def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None
     if joint:
         state = {k.removeprefix("heads."): v for k, v in state.items() if k.startswith("heads.")}
     if acc.is_main_process:
-        heads = REGISTRY[run.head_config.head_type][1](run.head_config)
+        heads = REGISTRY[run.head_config.head_type].module(run.head_config)
         heads.load_state_dict(state)
         extra = {"train_config.yaml": to_yaml(run.cfg)}
         if ev is not None:
@@ -998,7 +986,8 @@ def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
     last step's weights stay in the newest ``checkpoints/step-N`` when checkpoints are on.
     ``output_dir/best`` is removed once the heads are in place.
     """
-    from heads.base import REGISTRY, save_heads
+    from heads.base import save_heads
+    from heads.registry import REGISTRY
 
     acc = run.accelerator
     best_dir = os.path.join(run.cfg.output_dir, BEST)
@@ -1015,7 +1004,7 @@ def save_final(run: Run, ev: dict[str, Any] | None) -> dict[str, Any] | None:
         if acc.is_main_process:
             from safetensors.torch import load_file
 
-            heads = REGISTRY[run.head_config.head_type][1](run.head_config)
+            heads = REGISTRY[run.head_config.head_type].module(run.head_config)
             heads.load_state_dict(load_file(os.path.join(best_dir, "model.safetensors")))
             extra = {
                 "train_config.yaml": to_yaml(run.cfg),

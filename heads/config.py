@@ -1,0 +1,92 @@
+"""The one configuration system: validated dataclasses, YAML recipes and ``key=value`` overrides.
+
+Every configurable thing in selfspec (a training run, `infer` settings, a script's options) is a
+dataclass whose ``__post_init__`` checks its values and raises a one-line ``ValueError``. `load`
+layers, in order: the dataclass defaults, an optional YAML file, then dotted ``key=value`` overrides
+(``train.lr=1e-3 output_dir=out/x``), through OmegaConf structured configs, so an unknown key or a value
+of the wrong type is an error that names the key (and suggests the closest valid one).
+
+It lives in `heads` because `heads` is the bottom layer: `train`, `infer` and `scripts` all import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+def known_keys(cls: Any, dotted: str = "") -> list[str]:
+    """The field names of the dataclass reached from ``cls`` by the dotted path ``dotted`` ([] if none)."""
+    for part in filter(None, dotted.split(".")):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        f = fields.get(part)
+        factory = None if f is None else f.default_factory
+        if factory is None or factory is dataclasses.MISSING or not dataclasses.is_dataclass(factory):
+            return []
+        cls = factory
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
+def config_error(cls: Any, e: Exception) -> ValueError:
+    """An OmegaConf error (multi-line, internal) as one line naming the key, with a suggestion."""
+    key = getattr(e, "full_key", None) or ""
+    msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
+    if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
+        parent, _, leaf = key.rpartition(".")
+        known = known_keys(cls, parent)
+        hint = difflib.get_close_matches(leaf, known, n=1)
+        suggestion = f"; did you mean {(parent + '.' if parent else '') + hint[0]!r}?" if hint else ""
+        where = f" in {parent!r}" if parent else ""
+        return ValueError(f"unknown config key {key!r}{suggestion} (valid keys{where}: {', '.join(known)})")
+    return ValueError(f"bad config value for {key!r}: {msg}" if key else f"bad config: {msg}")
+
+
+def check_overrides(overrides: list[str] | tuple[str, ...]) -> None:
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ValueError(f"overrides must look like key=value (e.g. train.lr=1e-3); got {bad}")
+
+
+def load(
+    cls: type[T],
+    path: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+) -> T:
+    """Defaults of ``cls`` <- ``base`` (a dict, optional) <- YAML at ``path`` (optional) <- ``key=value``
+    overrides; returns a validated ``cls`` instance.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (one line, naming the key) for an
+    unknown key, a value of the wrong type or a value that fails validation.
+    """
+    layers = [OmegaConf.structured(cls)]
+    if base:
+        layers.append(OmegaConf.create(base))
+    if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config file not found: {path!r}")
+        try:
+            layers.append(OmegaConf.load(path))
+        except Exception as e:  # yaml errors come in several types
+            raise ValueError(f"{path} is not valid YAML: {e}") from None
+    check_overrides(overrides)
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.to_object(OmegaConf.merge(*layers))
+    except OmegaConfBaseException as e:
+        # A __post_init__ ValueError raised inside OmegaConf arrives wrapped; unwrap it.
+        cause = e.__cause__ if isinstance(e.__cause__, (ValueError, FileNotFoundError)) else None
+        if cause is not None and not isinstance(cause, OmegaConfBaseException):
+            raise cause from None
+        raise config_error(cls, e) from None
+
+
+def to_yaml(cfg: Any) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,104 @@
+"""The head-type registry: one `HeadType` entry names everything that differs between draft methods.
+
+``train``, ``infer``, the scripts, the model card and the exports ask `get(head_type)` instead of
+branching on the head type. A head type's files register its entry at import (`register`); importing
+`heads` imports every built-in head type. Adding a method = its files + one ``register(HeadType(...))``
+(docs/design.md §13 has a worked example).
+
+What an entry carries:
+
+- ``config`` / ``module``: the `heads.base.HeadConfig` subclass saved as ``config.json``, and the
+  ``nn.Module`` built from it (``module(config)``; ``module.for_target(target, **options)`` for a new one).
+- ``objective``: how training turns one frozen-target forward into a loss (`Objective`).
+- ``proposer``: the name of the `infer` proposer that drafts with these heads (``"static_tree"`` for
+  Medusa's fixed rank tree, ``"eagle"`` for EAGLE-2 dynamic trees). `heads` never imports `infer`;
+  `infer` keeps the name -> class table.
+- ``tree``: what a tuned inference setting holds for these heads: ``"static"`` (rank paths) or
+  ``"dynamic"`` (an EAGLE-2 budget: total_tokens, depth, draft_top_k).
+- ``exports``: export format name -> ``fn(heads, target=None) -> (state, config_dict)`` (engine formats).
+- ``import_state``: ``fn(directory, raw_config, target) -> module`` for foreign checkpoints of this
+  method, or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a head type's loss may read besides the heads, the target forward and the batch.
+
+    lm_head / embed: the target's ``get_output_embeddings()`` / ``get_input_embeddings()``.
+    decay: Medusa's per-head loss decay (``train.decay``).
+    """
+
+    lm_head: nn.Module
+    embed: nn.Module
+    decay: float = 0.8
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How training computes a head type's loss and metrics from one frozen-target forward.
+
+    position_name: what one draft position is called in logs (``"head"`` for Medusa, ``"step"`` else).
+    positions(config) -> K: the draft positions scored per batch (metrics are [K] tensors).
+    weights(config, decay) -> [K] floats: the weight of each position's loss in the total.
+    target_kwargs(config) -> kwargs for `heads.graft.run_target` (e.g. ``aux_layers``), plus
+        ``"all_logits": True`` when the loss reads the target's logits at every position.
+    loss(heads, target_out, batch, inputs) -> ``(loss, metrics)``: ``loss`` a scalar with gradient;
+        ``metrics`` detached [K] tensors ``count`` (scored positions) and averages ``loss``, ``top1``
+        (and any extra per-position metric of the head type). ``batch`` holds ``input_ids``,
+        ``attention_mask``, ``loss_mask`` [B, T] as `train.data` makes them.
+    """
+
+    position_name: str
+    positions: Callable[[Any], int]
+    weights: Callable[[Any, float], list[float]]
+    target_kwargs: Callable[[Any], dict[str, Any]]
+    loss: Callable[[nn.Module, Any, dict[str, Tensor], LossInputs], tuple[Tensor, dict[str, Tensor]]]
+
+
+@dataclass(frozen=True)
+class HeadType:
+    name: str
+    config: type
+    module: type[nn.Module]
+    objective: Objective
+    proposer: str
+    tree: str
+    exports: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    import_state: Callable[..., nn.Module] | None = None
+
+    def __post_init__(self) -> None:
+        if self.tree not in ("static", "dynamic"):
+            raise ValueError(f"HeadType {self.name!r}: tree must be 'static' or 'dynamic', got {self.tree!r}")
+        if getattr(self.config, "head_type", None) != self.name:
+            raise ValueError(f"HeadType {self.name!r}: config class has head_type {self.config.head_type!r}")
+
+
+REGISTRY: dict[str, HeadType] = {}
+
+
+def register(entry: HeadType) -> HeadType:
+    REGISTRY[entry.name] = entry
+    return entry
+
+
+def get(head_type: str, what: str = "head_type") -> HeadType:
+    """The entry for ``head_type``; a ``ValueError`` naming the known ones if there is none."""
+    entry = REGISTRY.get(head_type) if isinstance(head_type, str) else None
+    if entry is None:
+        raise ValueError(f"unknown {what} {str(head_type)[:40]!r}; known head types: {sorted(REGISTRY)}")
+    return entry
+
+
+def of(heads: nn.Module) -> HeadType:
+    """The entry of a heads module (or a wrapper with ``.module``, as accelerate/DeepSpeed make)."""
+    inner = getattr(heads, "module", heads)
+    return get(inner.config.head_type)
