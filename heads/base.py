@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from heads import registry
 from heads.guard import short_list
+from heads.io import atomic_write
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -248,33 +248,19 @@ def adapter_location(directory: str | None, recorded: str) -> str:
     return recorded
 
 
-def _atomic_write(path: str, write) -> None:
-    """Write through a temp file in the same directory, then rename: a crash never leaves half a file."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def save_heads(heads: nn.Module, output_dir: str, extra_files: dict[str, str] | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` (heads' own tensors only) to ``output_dir``."""
     from safetensors.torch import save_file
 
     os.makedirs(output_dir, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
-    _atomic_write(
+    atomic_write(
         os.path.join(output_dir, WEIGHTS_NAME), lambda p: save_file(state, p, metadata={"format": "pt"})
     )
     cfg = json.dumps(heads.config.to_dict(), indent=2, sort_keys=True) + "\n"
-    _atomic_write(os.path.join(output_dir, CONFIG_NAME), lambda p: open(p, "w").write(cfg))
+    atomic_write(os.path.join(output_dir, CONFIG_NAME), lambda p: open(p, "w").write(cfg))
     for name, text in (extra_files or {}).items():
-        _atomic_write(os.path.join(output_dir, name), lambda p, t=text: open(p, "w").write(t))
+        atomic_write(os.path.join(output_dir, name), lambda p, t=text: open(p, "w").write(t))
 
 
 def resolve_dir(

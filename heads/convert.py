@@ -101,7 +101,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from heads.base import CONFIG_NAME, WEIGHTS_NAME, _atomic_write
+from heads.base import CONFIG_NAME, WEIGHTS_NAME
+from heads.io import atomic_text, atomic_write
 
 EXPORT_FORMATS = ("vllm", "sglang", "speculators", "medusa")
 SUPPORTED_EXPORTS: dict[str, tuple[str, ...]] = {
@@ -617,14 +618,14 @@ def export_heads(
     os.makedirs(out_dir, exist_ok=True)
     state = _cpu(state)
     wpath, cpath = os.path.join(out_dir, name), os.path.join(out_dir, CONFIG_NAME)
-    _atomic_write(wpath, lambda p: save_file(state, p, metadata={"format": "pt"}))
+    atomic_write(wpath, lambda p: save_file(state, p, metadata={"format": "pt"}))
     paths = [cpath, wpath]
     if to == "medusa":  # FasterDecoding's MedusaModel.from_pretrained reads medusa_lm_head.pt (tensors only)
         ppath = os.path.join(out_dir, "medusa_lm_head.pt")
-        _atomic_write(ppath, lambda p: torch.save(state, p))
+        atomic_write(ppath, lambda p: torch.save(state, p))
         paths.append(ppath)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    _atomic_write(cpath, lambda p: open(p, "w").write(text))
+    atomic_text(cpath, text)
     return paths
 
 

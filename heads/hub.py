@@ -45,13 +45,13 @@ from heads.base import (
     LOGIN_HINT,
     TREE_NAME,
     WEIGHTS_NAME,
-    _atomic_write,
     load_heads,
     read_config,
     resolve_dir,
     save_heads,
 )
 from heads.guard import public_name, scrub
+from heads.io import atomic_text
 from heads.registry import REGISTRY
 
 CARD_NAME = "README.md"
@@ -555,7 +555,7 @@ def write_model_card(directory: str, *, repo_id: str | None = None) -> str:
         has_adapter=os.path.isdir(os.path.join(directory, ADAPTER_DIR)),
     )
     path = os.path.join(directory, CARD_NAME)
-    _atomic_write(path, lambda p: open(p, "w").write(text))
+    atomic_text(path, text)
     return path
 
 

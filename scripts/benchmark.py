@@ -148,13 +148,13 @@ def demo_chat_prompts(code_prompts: str, out_path: str, n: int = 32, offset: int
 
 
 def _atomic_text(path: str, text: str) -> None:
-    from heads.base import _atomic_write
+    from heads.io import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 # ----------------------------------------------------------------------------- measurement helpers
@@ -745,9 +745,9 @@ def plot(report: dict, path: str) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    from heads.base import _atomic_write
+    from heads.io import atomic_write
 
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
     plt.close(fig)
 
 

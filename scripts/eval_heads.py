@@ -323,14 +323,14 @@ def run(args: argparse.Namespace) -> tuple[dict, RankStats]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from heads.base import _atomic_write
+    from heads.io import atomic_text
 
     args = parse_args(argv)
     result, _ = run(args)
     print(table(result))
     out = args.output or os.path.join(result["heads"], "eval_heads.json")
     text = json.dumps(result, indent=2) + "\n"
-    _atomic_write(out, lambda p: open(p, "w").write(text))
+    atomic_text(out, text)
     print(f"wrote {out}")
     return result
 

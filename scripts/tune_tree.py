@@ -417,11 +417,12 @@ def refine_medusa(
 
 
 def write_tree(directory: str, tree: dict) -> str:
-    from heads.base import TREE_NAME, _atomic_write
+    from heads.base import TREE_NAME
+    from heads.io import atomic_text
 
     path = os.path.join(directory, TREE_NAME)
     text = json.dumps(tree, indent=1) + "\n"
-    _atomic_write(path, lambda p: open(p, "w").write(text))
+    atomic_text(path, text)
     return path
 
 

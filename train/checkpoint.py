@@ -99,10 +99,10 @@ def read_record(output_dir: str) -> dict[str, Any] | None:
 
 
 def write_record(output_dir: str, record: dict[str, Any]) -> None:
-    from heads.base import _atomic_write
+    from heads.io import atomic_write
 
     text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-    _atomic_write(os.path.join(output_dir, RUN_FILE), lambda p: open(p, "w").write(text))
+    atomic_write(os.path.join(output_dir, RUN_FILE), lambda p: open(p, "w").write(text))
 
 
 def mark_finished(output_dir: str, step: int) -> None:
@@ -236,7 +236,7 @@ def check_same_run(path: str, state: dict[str, Any], now: dict[str, Any]) -> Non
 def trim_metrics(path: str, step: int) -> None:
     """Drop the records of steps after ``step`` from the metrics.jsonl at ``path`` (logged before a kill,
     they are about to be logged again), and any line the kill cut short."""
-    from heads.base import _atomic_write
+    from heads.io import atomic_text
 
     if not os.path.isfile(path):
         return
@@ -250,7 +250,7 @@ def trim_metrics(path: str, step: int) -> None:
         except ValueError:  # a line cut by the kill
             continue
     if len(keep) != len(lines):
-        _atomic_write(path, lambda p: open(p, "w").write("".join(keep)))
+        atomic_text(path, "".join(keep))
 
 
 def any_process(acc, failed: bool) -> bool:

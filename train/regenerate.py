@@ -219,10 +219,10 @@ def _check_meta(out: str, settings: dict[str, Any], fresh: bool) -> None:
                 "write to a new output path"
             )
         return
-    from heads.base import _atomic_write
+    from heads.io import atomic_text
 
     text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
-    _atomic_write(meta, lambda p: open(p, "w").write(text))
+    atomic_text(meta, text)
 
 
 # ----------------------------------------------------------------------------- generation
