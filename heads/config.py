@@ -11,9 +11,12 @@ It lives in `heads` because `heads` is the bottom layer: `train`, `infer` and `s
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import os
+import types
+import typing
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
@@ -59,9 +62,11 @@ def load(
     path: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     base: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
 ) -> T:
-    """Defaults of ``cls`` <- ``base`` (a dict, optional) <- YAML at ``path`` (optional) <- ``key=value``
-    overrides; returns a validated ``cls`` instance.
+    """Defaults of ``cls`` <- ``base`` (a dict, optional) <- YAML at ``path`` (optional) <- ``flags``
+    (a dict, what `parse_cli` read from ``--flag value``) <- ``key=value`` overrides; returns a validated
+    ``cls`` instance.
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` (one line, naming the key) for an
     unknown key, a value of the wrong type or a value that fails validation.
@@ -78,6 +83,8 @@ def load(
             raise ValueError(f"{path} is not valid YAML: {e}") from None
     check_overrides(overrides)
     try:
+        if flags:
+            layers.append(OmegaConf.create(flags))
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         return OmegaConf.to_object(OmegaConf.merge(*layers))
     except OmegaConfBaseException as e:
@@ -90,3 +97,68 @@ def load(
 
 def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _is_list(tp: Any) -> bool:
+    return typing.get_origin(tp) in (list, tuple) or any(
+        typing.get_origin(a) in (list, tuple) for a in typing.get_args(tp)
+    )
+
+
+def _is_bool(tp: Any) -> bool:
+    return tp is bool or (
+        typing.get_origin(tp) in (typing.Union, types.UnionType) and bool in typing.get_args(tp)
+    )
+
+
+def _value(text: str) -> Any:
+    return None if text.lower() in ("none", "null") else text
+
+
+def parse_cli(
+    cls: type[T], argv: list[str] | None = None, *, prog: str | None = None, description: str | None = None
+) -> T:
+    """A command line for the config dataclass ``cls`` (the scripts' one way to take options).
+
+    Every top-level field ``some_name`` is a flag ``--some-name VALUE`` (a bool field: ``--some-name`` /
+    ``--no-some-name``; a list field: ``--some-name A B`` or the flag repeated); its help text is the
+    field's ``metadata["help"]``. ``--config FILE.yaml`` loads a recipe, and positional ``key=value``
+    tokens override any (also nested) field. Precedence: defaults <- ``--config`` <- flags <- ``key=value``.
+    ``none``/``null`` as a flag value means None. Errors are one line (argparse's, or `load`'s).
+    """
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(prog=prog, description=description or (cls.__doc__ or "").split("\n")[0])
+    parser.add_argument("--config", default=None, help="a YAML recipe for these options")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="set any option, e.g. max_new_tokens=64"
+    )
+    for f in dataclasses.fields(cls):
+        if not f.init or dataclasses.is_dataclass(hints[f.name]):
+            continue  # nested configs are set with key=value
+        flag, helptext = "--" + f.name.replace("_", "-"), f.metadata.get("help")
+        if _is_bool(hints[f.name]):
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=helptext,
+            )
+        elif _is_list(hints[f.name]):
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                nargs="+",
+                action="extend",
+                type=_value,
+                default=argparse.SUPPRESS,
+                help=helptext,
+            )
+        else:
+            parser.add_argument(flag, dest=f.name, type=_value, default=argparse.SUPPRESS, help=helptext)
+    args = vars(parser.parse_args(argv))
+    path, overrides = args.pop("config"), args.pop("overrides")
+    try:
+        return load(cls, path, overrides, flags=args)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
