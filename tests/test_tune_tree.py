@@ -222,6 +222,62 @@ def test_inference_json_settings_and_precedence(tmp_path, one_thread):
         assert "inference.json" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_infer_settings_config_and_defaults_of_generate(tmp_path, one_thread):
+    """`InferSettings` is a `heads.config` dataclass (YAML, key=value, one-line errors), and a model's
+    settings are the defaults of `infer.generate` and of the proposer (explicit arguments still win)."""
+    import infer
+    from heads import MedusaHeads, config
+    from heads.eagle import EagleHead
+    from infer.settings import InferSettings
+
+    s = config.load(InferSettings, overrides=["total_tokens=32", "acceptance=typical"])
+    assert (s.total_tokens, s.acceptance, s.depth, s.tree) == (32, "typical", 6, None)
+    (tmp_path / "s.yaml").write_text("tree: [[0], [0, 0], [1]]\ntypical_delta: 0.5\n")
+    assert config.load(InferSettings, str(tmp_path / "s.yaml")).tree == [[0], [0, 0], [1]]
+    with pytest.raises(ValueError, match=r"'total_tokens' must be an int in \[2, 4096\], got 1"):
+        config.load(InferSettings, overrides=["total_tokens=1"])
+    with pytest.raises(ValueError, match="did you mean 'typical_eps'"):
+        config.load(InferSettings, overrides=["typical_epsilon=0.1"])
+    with pytest.raises(ValueError, match="no parent"):
+        InferSettings(tree=[[0, 0]])
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    for p in heads.parameters():
+        p.data.normal_(0, 0.1)
+    typical = InferSettings(acceptance="typical", typical_eps=0.2, typical_delta=0.1, tree=[[0], [1]])
+    tuned, plain = infer.SpecModel(target, heads, settings=typical), infer.SpecModel(target, heads)
+    assert tuned.proposer().tree == [[0], [1]] and len(plain.proposer().tree) == 32
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    kw = {"max_new_tokens": 16, "do_sample": True}
+    got = infer.generate(tuned, ids, generator=torch.Generator().manual_seed(4), **kw)
+    want = infer.generate(
+        plain,
+        ids,
+        tree=[[0], [1]],
+        acceptance="typical",
+        typical_eps=0.2,
+        typical_delta=0.1,
+        generator=torch.Generator().manual_seed(4),
+        **kw,
+    )
+    assert torch.equal(got.sequences, want.sequences)
+    assert got.stats.accepted_lengths == want.stats.accepted_lengths
+    exact = [  # the argument overrides the setting
+        infer.generate(
+            m, ids, tree=[[0], [1]], acceptance="exact", generator=torch.Generator().manual_seed(4), **kw
+        )
+        for m in (tuned, plain)
+    ]
+    assert torch.equal(exact[0].sequences, exact[1].sequences)
+    eagle = EagleHead.for_target(target).eval()
+    budget = InferSettings(depth=3, draft_top_k=2, total_tokens=7)
+    prop = infer.SpecModel(target, eagle, settings=budget).proposer(depth=2)
+    assert (prop.total_tokens, prop.depth, prop.top_k) == (7, 2, 2)
+    with pytest.raises(ValueError, match="eagle heads draft dynamic trees"):
+        infer.SpecModel(target, eagle, settings=InferSettings(tree=[[0]]))
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
