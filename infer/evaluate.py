@@ -44,7 +44,7 @@ from heads.base import read_config, resolve_dir
 from heads.graft import TargetOutput, resolve_demo_target, run_target
 from heads.io import atomic_text
 from infer.cache import new_cache
-from infer.settings import InferSettings
+from infer.settings import DEFAULTS
 from infer.tree import chain
 from infer.tune import empirical_accept_length, expected_accept_length
 
@@ -317,7 +317,7 @@ def load_all(heads_path: str, target_path: str | None, dtype: str):
 def default_depth(heads: nn.Module) -> int:
     """The depths worth scoring: every Medusa head (static trees), EAGLE-2's default depth (dynamic)."""
     static = registry.of(heads).tree == "static"
-    return heads.config.num_heads if static else InferSettings().depth
+    return heads.config.num_heads if static else DEFAULTS.depth
 
 
 def run(opts: EvalOptions) -> tuple[dict, RankStats]:

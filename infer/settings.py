@@ -155,6 +155,9 @@ class InferSettings:
         check_paths(self.tree, where, config.num_heads, config.vocab_size)
 
 
+DEFAULTS = InferSettings()  # the library's defaults, for signatures elsewhere in infer (read-only)
+
+
 def draft_vocab(config) -> int:
     """How many tokens the heads rank: the draft vocabulary (EAGLE-3) or the target's."""
     return getattr(config, "draft_vocab", None) or config.vocab_size

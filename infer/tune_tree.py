@@ -40,7 +40,7 @@ from heads import registry
 from infer.evaluate import default_data, evaluate_heads, load_all, load_batches, summary, table
 from infer.measure import compare, load_prompts, measure_src, measure_tau, prompts_path
 from infer.profile import measure_draft, measure_profile
-from infer.settings import BUDGET_KEYS, InferSettings, write_settings
+from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
     choose_eagle_budget,
@@ -74,7 +74,7 @@ class TuneOptions:
     )
     eagle_depths: str = field(default="3,4,5,6,7", metadata={"help": "EAGLE-2 depths to consider"})
     draft_top_k: int = field(
-        default=InferSettings().draft_top_k, metadata={"help": "EAGLE-2 frontier width / children per node"}
+        default=DEFAULTS.draft_top_k, metadata={"help": "EAGLE-2 frontier width / children per node"}
     )
     measure_tau: int = field(
         default=4,
@@ -148,7 +148,7 @@ def tune_medusa(
 def tune_eagle(rank_probs: Tensor, profile: dict, draft_s: dict, draft_top_k: int) -> dict:
     """The tuned settings for dynamic-tree heads: EAGLE-2's total_tokens and depth, and the tuning record."""
     best = choose_eagle_budget(rank_probs, profile["step_s"], draft_s, draft_top_k)
-    d = InferSettings().budget()
+    d = DEFAULTS.budget()
     tau_default = expected_accept_curve(
         rank_probs, d["total_tokens"] - 1, max_depth=d["depth"], max_rank=d["draft_top_k"]
     )[-1]
@@ -231,7 +231,7 @@ def refine_eagle(
                 "draft_top_k": tree["draft_top_k"],
                 "total_tokens": total,
             }
-    default = InferSettings().budget()
+    default = DEFAULTS.budget()
     if default["total_tokens"] <= len(step_s) and default["depth"] in draft_s:
         cands["default"] = default
     cost, info = {}, {}
@@ -367,7 +367,7 @@ def _tune_dynamic(run: _Run) -> tuple[dict, dict]:
     if opts.measure_tau:
         tree = refine_eagle(model, tree, run.prompts(), run.profile, draft, opts.max_new_tokens // 2)
         _print_candidates(tree)
-    return tree, {"default": InferSettings().budget(), "tuned": {k: tree[k] for k in BUDGET_KEYS}}
+    return tree, {"default": DEFAULTS.budget(), "tuned": {k: tree[k] for k in BUDGET_KEYS}}
 
 
 # What tuning chooses for each tree kind (`heads.registry.HeadType.tree`).
