@@ -36,8 +36,9 @@ HUB_PATTERNS = [
     "pytorch_model.bin",
     f"{ADAPTER_DIR}/*",
 ]
-TREE_NAME = "tree.json"  # optional: the draft tree tuned for these heads (scripts/tune_tree.py)
-
+# Inference settings tuned for these heads (`infer.settings`; heads only upload them, `infer` reads them)
+TREE_NAME = "tree.json"  # written by earlier versions
+INFERENCE_NAME = "inference.json"  # written by `infer.tune_tree`
 
 
 def library_version() -> str:
@@ -402,7 +403,6 @@ def load_heads(
     if not os.path.isfile(wpath):
         raise FileNotFoundError(f"{wpath} is missing: not a selfspec heads checkpoint")
     check_weights_header(module_cls, config, wpath)  # before building anything of the config's size
-    tree = read_tree(directory, config)  # a bad tree.json fails here, not at the first generate
     heads = module_cls(config)
     try:
         state = load_file(wpath)
@@ -411,11 +411,6 @@ def load_heads(
             f"{wpath} could not be read (corrupt or truncated checkpoint?): {str(e)[:200]}"
         ) from e
     heads.load_state_dict(state)  # names and shapes were checked against the header
-    if tree is not None:  # infer.SpecModel drafts with it unless the caller passes a tree / budget
-        if head_type == "medusa":
-            heads.tree = tree["paths"]
-        else:
-            heads.dynamic_tree = {k: tree[k] for k in ("depth", "draft_top_k", "total_tokens")}
     if target is not None and device is None:
         device = next(target.parameters()).device
     return heads.to(device=device, dtype=dtype).eval()
@@ -433,37 +428,3 @@ def _stored_adapter(directory: str, recorded: str | None) -> str | None:
     except ValueError:
         return None  # `adapter_location` refuses it with the reason when the adapter is to be applied
     return path if os.path.isdir(path) else None
-
-
-def read_tree(directory: str, config: HeadConfig) -> dict[str, Any] | None:
-    """The validated ``tree.json`` next to the heads, or None if there is none.
-
-    Static-tree heads (Medusa): ``{"paths": [[0], [0, 0], [1], ...]}``, a prefix-closed list of rank paths
-    no deeper than the number of heads, ranks below the vocabulary. Dynamic-tree heads (EAGLE-1/2/3):
-    ``{"total_tokens", "depth", "draft_top_k"}``, EAGLE-2's budget, each within
-    `heads.guard.TREE_LIMITS` (``draft_top_k`` at most the draft vocabulary). A ``"tuning"`` entry (the
-    measurements behind the choice) is kept for the record and ignored. Anything else raises
-    ``ValueError`` naming the file and the key.
-    """
-    from heads.guard import check_paths, check_tree_budget, inside
-
-    path = inside(directory, TREE_NAME)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            tree = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {str(e)[:200]}") from e
-    static = config.head_type == "medusa"
-    keys = {"paths"} if static else {"total_tokens", "depth", "draft_top_k"}
-    if not isinstance(tree, dict) or not keys <= set(tree) or set(tree) - keys - {"tuning"}:
-        found = short_list(sorted(tree)) if isinstance(tree, dict) else type(tree).__name__
-        raise ValueError(
-            f"{path}: {config.head_type} heads need exactly the keys {sorted(keys)}, found {found}"
-        )
-    if static:
-        return {"paths": check_paths(tree["paths"], path, config.num_heads, config.vocab_size)}
-    budget = {k: tree[k] for k in ("total_tokens", "depth", "draft_top_k")}
-    check_tree_budget(budget, path, draft_vocab=getattr(config, "draft_vocab", None) or config.vocab_size)
-    return budget

@@ -13,9 +13,8 @@ allowed range, before anything expensive is built:
   names and shapes the config implies (the module built on the ``meta`` device: no memory) must be
   exactly those in the ``model.safetensors`` header (read without loading any tensor). Only then is
   the module built; its memory is then that of the weights file.
-- **tree budgets** (`check_tree_budget`, `check_paths`): the sizes of a draft tree, from ``tree.json``
-  or from `infer.generate`'s arguments, are bounded by `TREE_LIMITS` and by what the heads can give
-  (ranks below the vocabulary, depth at most the number of Medusa heads, top-k at most the draft vocab).
+- (draft-tree settings saved with the heads, ``inference.json`` / ``tree.json``, are `infer`'s and are
+  bounded there: `infer.settings`.)
 - **the target** (`target_fingerprint`, `identity_problems`): heads record the target's architecture
   and a fingerprint of its embedding and lm_head; a different target of the same sizes is refused.
 
@@ -55,13 +54,6 @@ TARGET_CONFIG_LIMITS: dict[str, tuple[int, int]] = {
     "num_key_value_heads": (1, 1024),
     "head_dim": (1, 4096),
     "num_hidden_layers": (1, 4096),
-}
-# Draft-tree budgets: EAGLE-2 uses depth 6, top-k 10, 60 tokens; Medusa trees have 30-64 nodes.
-TREE_LIMITS: dict[str, tuple[int, int]] = {
-    "depth": (1, 64),
-    "draft_top_k": (1, 1024),
-    "total_tokens": (2, 4096),
-    "paths": (0, 4096),  # number of nodes of a static tree
 }
 FINGERPRINT_POSITIONS = 32  # values sampled from each of the embedding and the lm_head
 
@@ -232,52 +224,6 @@ def check_weights_header(module_cls: type[nn.Module], config: Any, path: str) ->
             f"{path} does not match {config.head_type} heads of the config.json beside it: "
             + "; ".join(problems)
         )
-
-
-# ---------------------------------------------------------------------------------------------- trees
-
-
-def check_tree_budget(
-    budget: dict[str, Any], where: str, draft_vocab: int | None = None, nullable: bool = False
-) -> None:
-    """EAGLE-2 budget (``depth``, ``draft_top_k``, ``total_tokens``) within `TREE_LIMITS`; ``draft_top_k``
-    also at most ``draft_vocab`` (the heads cannot rank more tokens than they predict)."""
-    for key in ("depth", "draft_top_k", "total_tokens"):
-        if key not in budget:
-            continue
-        lo, hi = TREE_LIMITS[key]
-        if key == "draft_top_k" and draft_vocab:
-            hi = min(hi, int(draft_vocab))
-        _check_range(where, key, budget[key], lo, hi, nullable=nullable)
-
-
-def check_paths(paths: Any, where: str, num_heads: int, vocab: int) -> list[list[int]]:
-    """A static (Medusa) tree: a list of at most ``TREE_LIMITS['paths']`` rank paths, each at most
-    ``num_heads`` deep, with ranks in [0, vocab - 1]; prefix-closed (`infer.tree.validate_paths`)."""
-    from infer.tree import validate_paths
-
-    lo, hi = TREE_LIMITS["paths"]
-    if not isinstance(paths, (list, tuple)) or not all(
-        isinstance(p, (list, tuple)) and all(_is_int(r) for r in p) for p in paths
-    ):
-        raise ValueError(f"{where}: the tree must be a list of lists of int ranks, got {_short(paths)}")
-    if not lo <= len(paths) <= hi:
-        raise ValueError(f"{where}: the tree has {len(paths)} nodes; allowed: [{lo}, {hi}]")
-    depth = max((len(p) for p in paths), default=0)
-    if depth > num_heads:
-        raise ValueError(
-            f"{where}: tree depth {depth} needs {depth} Medusa heads, these heads have {num_heads}"
-        )
-    worst = max((r for p in paths for r in p), default=0)
-    if worst >= vocab:
-        raise ValueError(
-            f"{where}: tree rank {worst} is beyond the vocabulary; ranks must be in [0, {vocab - 1}]"
-        )
-    try:
-        validate_paths(paths)
-    except ValueError as e:
-        raise ValueError(f"{where}: invalid tree: {e}") from e
-    return [list(p) for p in paths]
 
 
 # ---------------------------------------------------------------------------------------------- target

@@ -9,21 +9,28 @@ out.sequences, out.stats.mean_accepted_length
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoTokenizer
 
+from heads import load_heads, load_target, registry
+from heads.base import adapter_location, read_config, resolve_dir
+from heads.graft import DEMO_TARGETS, looks_local, resolve_demo_target
+from heads.guard import check_sizes
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.settings import InferSettings, check_paths, check_tree_budget, read_settings
 from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
     "GenerateOutput",
     "GenerationStats",
+    "InferSettings",
     "SpecModel",
     "build_tree",
     "chain",
@@ -32,20 +39,35 @@ __all__ = [
     "load",
 ]
 
+# The proposer each registry entry names (`heads.registry.HeadType.proposer`), built from the heads, the
+# target and the tree shape: {"tree": paths} for static trees, the EAGLE-2 budget for dynamic ones.
+PROPOSERS: dict[str, Callable[[nn.Module, nn.Module, dict], Proposer]] = {
+    "static_tree": lambda heads, target, shape: MedusaProposer(
+        heads, target.get_output_embeddings(), shape["tree"]
+    ),
+    "eagle": lambda heads, target, shape: EagleProposer(
+        heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape
+    ),
+}
+
 
 @dataclass
 class SpecModel:
-    """A frozen target plus draft heads that fit it. ``tree`` overrides the heads' default static tree.
+    """A frozen target plus draft heads that fit it, and the inference settings to draft with.
 
-    The heads are checked against the target: sizes (`heads.base.HeadConfig.check_target`) and, for heads
-    that recorded their target, its architecture and weights fingerprint (``check_identity``; a mismatch
-    is an error unless ``allow_other_target``, then a warning)."""
+    ``settings`` (`infer.settings.InferSettings`): the defaults of `generate` (the tuned tree or EAGLE-2
+    budget, the acceptance rule); `load` reads those saved with the heads, otherwise the library's.
+    ``tree`` overrides the settings' static tree. The heads are checked against the target: sizes
+    (`heads.base.HeadConfig.check_target`) and, for heads that recorded their target, its architecture
+    and weights fingerprint (``check_identity``; a mismatch is an error unless ``allow_other_target``,
+    then a warning)."""
 
     target: nn.Module
     heads: nn.Module
     tree: list[list[int]] | None = None
     tokenizer: object | None = None
     allow_other_target: bool = False
+    settings: InferSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, nn.Module) or not callable(
@@ -54,18 +76,21 @@ class SpecModel:
             raise ValueError(f"target must be a transformers causal LM, got {type(self.target).__name__}")
         if not isinstance(self.heads, nn.Module) or not hasattr(self.heads, "config"):
             raise ValueError(f"heads must be selfspec draft heads, got {type(self.heads).__name__}")
+        if self.settings is None:
+            self.settings = InferSettings()
+        elif not isinstance(self.settings, InferSettings):
+            raise ValueError(f"settings must be infer.InferSettings, got {type(self.settings).__name__}")
         check_target(self.target)  # ALiBi, recurrent layers, flash attention...: refused, not inexact
         self.heads.config.check_target(self.target)
         self.heads.config.check_identity(self.target, self.allow_other_target)
+        self.settings.check_heads(self.heads.config)
         if self.tree is not None:
             self.tree = self._checked_tree(self.tree)
 
     def _checked_tree(self, tree) -> list[list[int]]:
-        """A static tree given by the caller, bounded like a ``tree.json`` (`heads.guard.check_paths`)."""
-        from heads.guard import check_paths
-
+        """A static tree given by the caller, bounded like a saved one (`infer.settings.check_paths`)."""
         kind = self.heads.config.head_type
-        if kind != "medusa":
+        if registry.of(self.heads).tree != "static":
             raise ValueError(
                 f"tree= is for static-tree (medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
             )
@@ -79,37 +104,34 @@ class SpecModel:
         draft_top_k: int | None = None,
         total_tokens: int | None = None,
     ) -> Proposer:
-        """The heads' proposer. ``tree`` is for static-tree heads (Medusa); ``depth``/``draft_top_k``/
-        ``total_tokens`` shape EAGLE-2 dynamic trees of EAGLE-1/2/3 heads. Unset arguments come from the
-        heads' tuned ``tree.json`` (``heads.tree`` / ``heads.dynamic_tree``, `heads.base.read_tree`) if
-        it exists, else the defaults (Medusa: `default_tree`; EAGLE: 6 / 8 / 48)."""
-        from heads.guard import check_tree_budget
-
-        kind = self.heads.config.head_type
+        """The heads' proposer (`PROPOSERS`, by the heads' registry entry). ``tree`` is for static-tree
+        heads (Medusa); ``depth``/``draft_top_k``/``total_tokens`` shape EAGLE-2 dynamic trees of
+        EAGLE-1/2/3 heads. Unset arguments come from ``self.tree``, then ``self.settings`` (tuned ones
+        saved with the heads, else the defaults: Medusa `default_tree`; EAGLE 6 / 8 / 48)."""
+        entry = registry.of(self.heads)
         dynamic = {"depth": depth, "draft_top_k": draft_top_k, "total_tokens": total_tokens}
         dynamic = {k: v for k, v in dynamic.items() if v is not None}
-        if kind in ("eagle", "eagle3"):
+        if entry.tree == "dynamic":
             if tree is not None:
                 raise ValueError(
                     "EAGLE heads draft dynamic trees; use depth/draft_top_k/total_tokens, not tree"
                 )
             check_tree_budget(dynamic, "generate")  # a draft_top_k beyond the draft vocab is clamped to it
-            embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
-            tuned = getattr(self.heads, "dynamic_tree", None) or {}
-            return EagleProposer(self.heads, embed, lm_head, **(tuned | dynamic))
-        if dynamic:
-            raise ValueError(f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {kind!r}")
-        if kind == "medusa":
-            if tree is not None:
-                tree = self._checked_tree(tree)
-            paths = (
-                tree
-                or self.tree
-                or getattr(self.heads, "tree", None)
-                or default_tree(self.heads.config.num_heads)
+            shape = self.settings.budget() | dynamic
+        else:
+            if dynamic:
+                raise ValueError(
+                    f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {entry.name!r}"
+                )
+            paths = self._checked_tree(tree) if tree is not None else None
+            num_heads, nodes = self.heads.config.num_heads, self.settings.default_tree_nodes
+            shape = {"tree": paths or self.tree or self.settings.tree or default_tree(num_heads, nodes)}
+        build = PROPOSERS.get(entry.proposer)
+        if build is None:
+            raise ValueError(
+                f"{entry.name} heads name proposer {entry.proposer!r}; infer has {sorted(PROPOSERS)}"
             )
-            return MedusaProposer(self.heads, self.target.get_output_embeddings(), paths)
-        raise ValueError(f"no proposer for head type {kind!r}")
+        return build(self.heads, self.target, shape)
 
 
 def load(
@@ -131,6 +153,10 @@ def load(
     local dir or module). ``target`` omitted: the heads' ``base_model_name_or_path`` (the target they were
     trained on: a directory that exists here, a demo name or a Hub id), e.g. ``infer.load(heads="out/x")``.
 
+    Heads from a directory bring the inference settings saved next to them (``inference.json`` from
+    `infer.tune_tree`, or an older ``tree.json``: `infer.settings.read_settings`), checked before the
+    target is loaded; heads given as a module get the defaults.
+
     Heads trained for a target of another vocab or hidden size are rejected with a ``ValueError``.
     Heads trained on a target with a PEFT adapter (``config.target_adapter``) get the target loaded with
     that adapter in the same call (one saved inside the heads directory, as Medusa-2 saves its LoRA, or
@@ -142,28 +168,13 @@ def load(
     Heads that recorded their target (architecture, embedding / lm_head fingerprint) refuse another one
     of the same sizes; ``allow_other_target=True`` loads them with a warning instead.
     """
-    from heads import load_heads, load_target
-    from heads.base import adapter_location, read_config, resolve_dir
-    from heads.graft import resolve_demo_target
-
-    if heads is None:
-        raise ValueError("heads= is required: a Hub id, a directory or heads")
-    for name, value, kinds in (("target", target, "a Hub id, a directory or a model"),
-                               ("heads", heads, "a Hub id, a directory or heads")):  # fmt: skip
-        if name == "target" and value is None:  # the heads' base_model_name_or_path (`_recorded_target`)
-            continue
-        if not isinstance(value, (str, nn.Module)) or isinstance(value, str) and not value:
-            raise ValueError(f"{name} must be {kinds}, got {repr(value)[:60]}")
-    if not isinstance(merge, bool) or not isinstance(allow_other_target, bool):
-        raise ValueError("merge= and allow_other_target= must be True or False")
-    if device is not None:
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from e
+    device = _check_load_args(target, heads, merge, allow_other_target, device)
+    settings = None
     if isinstance(heads, str):
         heads_dir = resolve_dir(heads, heads_revision)
-        recorded = read_config(heads_dir).get("target_adapter")
+        raw = read_config(heads_dir)
+        recorded = raw.get("target_adapter")
+        settings = _saved_settings(heads_dir, raw)  # a bad inference.json fails before any weight loads
     else:
         heads_dir, recorded = None, getattr(heads.config, "target_adapter", None)
     check_attn_implementation(attn_implementation)  # before loading any weights
@@ -171,6 +182,7 @@ def load(
         target = _recorded_target(
             heads_dir, heads, from_hub=isinstance(heads, str) and not os.path.isdir(heads)
         )
+    tokenizer = None
     if isinstance(target, str):
         target = resolve_demo_target(target)  # so the tokenizer below comes from the same directory
         if adapter is None and recorded is not None:
@@ -186,27 +198,57 @@ def load(
             adapter_revision=adapter_revision,
             merge=merge,
         )
-    else:
-        if adapter is not None or merge:
-            raise ValueError(
-                "adapter=/merge= apply when the target is a name or path; for a model in memory, load it "
-                "with heads.load_target(..., adapter=...) or wrap it in peft's PeftModel yourself"
-            )
-        tokenizer = None
+    elif adapter is not None or merge:
+        raise ValueError(
+            "adapter=/merge= apply when the target is a name or path; for a model in memory, load it "
+            "with heads.load_target(..., adapter=...) or wrap it in peft's PeftModel yourself"
+        )
     if isinstance(heads, str):
         heads = load_heads(heads_dir, target, allow_other_target=allow_other_target)
+        if settings is None:  # imported (original / engine-format) heads: their config is built on load
+            settings = read_settings(heads_dir, heads.config)
     p = next(target.parameters())
     heads = heads.to(device=p.device, dtype=p.dtype).eval()
-    return SpecModel(target, heads, tree=tree, tokenizer=tokenizer, allow_other_target=allow_other_target)
+    return SpecModel(target, heads, tree, tokenizer, allow_other_target, settings)
+
+
+def _check_load_args(target, heads, merge, allow_other_target, device) -> torch.device | None:
+    """`load`'s arguments checked before anything is read; returns ``device`` as a torch device."""
+    if heads is None:
+        raise ValueError("heads= is required: a Hub id, a directory or heads")
+    for name, value, kinds in (("target", target, "a Hub id, a directory or a model"),
+                               ("heads", heads, "a Hub id, a directory or heads")):  # fmt: skip
+        if name == "target" and value is None:  # the heads' base_model_name_or_path (`_recorded_target`)
+            continue
+        if not isinstance(value, (str, nn.Module)) or isinstance(value, str) and not value:
+            raise ValueError(f"{name} must be {kinds}, got {repr(value)[:60]}")
+    if not isinstance(merge, bool) or not isinstance(allow_other_target, bool):
+        raise ValueError("merge= and allow_other_target= must be True or False")
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from e
+
+
+def _saved_settings(heads_dir: str, raw: dict) -> InferSettings | None:
+    """The settings saved with selfspec heads, read against their config before any weight is loaded
+    (sizes bounded first, `heads.guard.check_sizes`); None for a foreign checkpoint (no ``head_type``)."""
+    if "head_type" not in raw:
+        return None
+    try:
+        entry = registry.get(raw["head_type"])
+    except ValueError as e:
+        raise ValueError(f"{heads_dir}: {e}") from None
+    check_sizes(raw, os.path.join(heads_dir, "config.json"))
+    return read_settings(heads_dir, entry.config.from_dict(raw))
 
 
 def _recorded_target(heads_dir: str | None, heads, from_hub: bool = False) -> str:
     """The target named by the heads' ``base_model_name_or_path``: a demo name or Hub id, or a local
     directory that exists (the heads' own fingerprint check then refuses any other model). A local path
     recorded in heads downloaded from the Hub is not followed: it names someone else's disk."""
-    from heads.base import read_config
-    from heads.graft import DEMO_TARGETS, looks_local
-
     where = f"{heads_dir}/config.json" if heads_dir else "the heads' config"
     name = (
         read_config(heads_dir).get("base_model_name_or_path")
@@ -228,8 +270,6 @@ def _recorded_target(heads_dir: str | None, heads, from_hub: bool = False) -> st
 
 def _maybe_tokenizer(name_or_path: str, revision: str | None):
     try:
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
     except Exception:  # a target without tokenizer files is still usable with token ids
         return None
@@ -239,54 +279,41 @@ def generate(
     model: SpecModel,
     input_ids: Tensor,
     *,
-    max_new_tokens: int | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id: int | list[int] | None = None,
-    streamer=None,
-    generation_config=None,
-    acceptance: Literal["exact", "typical"] = "exact",
-    typical_eps: float = 0.09,
-    typical_delta: float = 0.3,
     tree: list[list[int]] | None = None,
-    generator: torch.Generator | None = None,
-    attention_mask: Tensor | None = None,
     depth: int | None = None,
     draft_top_k: int | None = None,
     total_tokens: int | None = None,
-    timing: bool = False,
+    acceptance: str | None = None,
+    typical_eps: float | None = None,
+    typical_delta: float | None = None,
+    attention_mask: Tensor | None = None,
+    **options,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
 
-    input_ids: [1, T] (batch size 1). Defaults come from the target's ``generation_config``, then
-    ``generation_config``, then the keyword arguments. ``do_sample=False``: greedy, token-identical to
-    ``target.generate``. ``do_sample=True``: ``acceptance="exact"`` (default) samples exactly from the
-    target's temperature/top-k/top-p distribution; ``"typical"`` uses Medusa's typical acceptance
-    (``p(x) > min(eps, delta·exp(-H(p)))``), faster but not lossless. ``streamer`` gets ``put``/``end``
-    calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new] and ``stats``.
-    ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
-    max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
-    ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None otherwise;
-    on CUDA it synchronises around each section, so leave it off when not measuring).
+    input_ids: [1, T] (batch size 1). ``options`` are those of `infer.generate.speculative_generate`:
+    ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``,
+    ``streamer``, ``generation_config``, ``generator``, ``timing``. Defaults come from the target's
+    ``generation_config``, then ``generation_config``, then the keyword arguments. ``do_sample=False``:
+    greedy, token-identical to ``target.generate``. ``do_sample=True``: ``acceptance="exact"``
+    samples exactly from the target's temperature/top-k/top-p distribution; ``"typical"`` uses Medusa's
+    typical acceptance (``p(x) > min(eps, delta·exp(-H(p)))``), faster but not lossless. ``streamer``
+    gets ``put``/``end`` calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new]
+    and ``stats``. ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens``
+    (EAGLE-2 dynamic trees: max draft depth, frontier width and children per node, tree size with the
+    root) shape the drafts. Unset, the drafting and acceptance arguments come from ``model.settings``
+    (`infer.settings.InferSettings`: tuned ones saved with the heads, else exact acceptance, ε 0.09,
+    δ 0.3). ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None
+    otherwise; on CUDA it synchronises around each section, so leave it off when not measuring).
     """
+    s = model.settings
     return speculative_generate(
         model.target,
         model.proposer(tree, depth=depth, draft_top_k=draft_top_k, total_tokens=total_tokens),
         input_ids,
-        generation_config=generation_config,
-        max_new_tokens=max_new_tokens,
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        eos_token_id=eos_token_id,
-        streamer=streamer,
-        acceptance=acceptance,
-        typical_eps=typical_eps,
-        typical_delta=typical_delta,
-        generator=generator,
+        acceptance=s.acceptance if acceptance is None else acceptance,
+        typical_eps=s.typical_eps if typical_eps is None else typical_eps,
+        typical_delta=s.typical_delta if typical_delta is None else typical_delta,
         attention_mask_2d=attention_mask,
-        timing=timing,
+        **options,
     )

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from heads.graft import TargetOutput
 from infer.cache import new_cache
 from infer.draft import Proposer, root_only
+from infer.settings import DEFAULTS
 from infer.tree import DraftTree, structure_from_parents
 
 
@@ -57,9 +58,9 @@ class EagleProposer(Proposer):
         head: nn.Module,
         embed: nn.Module,
         lm_head: nn.Module,
-        depth: int = 6,
-        draft_top_k: int = 8,
-        total_tokens: int = 48,
+        depth: int = DEFAULTS.depth,
+        draft_top_k: int = DEFAULTS.draft_top_k,
+        total_tokens: int = DEFAULTS.total_tokens,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")

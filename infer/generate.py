@@ -28,6 +28,7 @@ from torch import Tensor
 
 from infer.draft import Proposer
 from infer.runner import TreeRunner
+from infer.settings import DEFAULTS
 from infer.verify import accept_exact, accept_greedy, accept_typical, sample_from
 
 # GenerationConfig fields whose logits processors this loop does not apply. Refusing them keeps the
@@ -276,9 +277,9 @@ def speculative_generate(
     top_p: float | None = None,
     eos_token_id: int | list[int] | None = None,
     streamer=None,
-    acceptance: Literal["exact", "typical"] = "exact",
-    typical_eps: float = 0.09,
-    typical_delta: float = 0.3,
+    acceptance: Literal["exact", "typical"] = DEFAULTS.acceptance,
+    typical_eps: float = DEFAULTS.typical_eps,
+    typical_delta: float = DEFAULTS.typical_delta,
     generator: torch.Generator | None = None,
     attention_mask_2d: Tensor | None = None,
     timing: bool = False,

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from heads.graft import unwrap_peft
+
 TREE_ATTENTION = ("eager", "sdpa")  # attention implementations that apply a 4D additive mask as given
 _LAYER_TYPES = {"full_attention", "sliding_attention", "moe", "mlp"}  # moe/mlp: no attention at all
 _ALWAYS_ALIBI = {"bloom", "mpt"}  # their transformers code adds ALiBi unconditionally
@@ -36,8 +38,6 @@ def _attn_implementation(model: nn.Module) -> str | None:
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why tree verification would not be exact on ``model`` (a transformers causal LM or a PeftModel
     around one), or None when it is supported."""
-    from heads.graft import unwrap_peft
-
     base = unwrap_peft(model)
     cfg = base.config.get_text_config()
     kind = getattr(cfg, "model_type", None) or type(base).__name__

@@ -14,6 +14,7 @@ All tensors here are small (N ~ 8-64) and live on the model's device.
 from __future__ import annotations
 
 import functools
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -180,63 +181,6 @@ def chain(depth: int) -> list[list[int]]:
     return [[0] * d for d in range(1, depth + 1)]
 
 
-def expected_accept_length(paths: Sequence[Sequence[int]], acc: Tensor) -> float:
-    """Expected tokens per step, bonus included: 1 + Σ_nodes Π_{prefix} acc[depth-1, rank].
-
-    acc: [D, K] probability that head d's rank-k token is the right one (ranks disjoint events).
-    """
-    return 1.0 + sum(float(torch.stack([acc[i, r] for i, r in enumerate(p)]).prod()) for p in paths)
-
-
-def build_tree(acc: Tensor, num_nodes: int) -> list[list[int]]:
-    """Greedy tree that maximises expected accepted length (Medusa's sparse-tree construction).
-
-    acc: [D, K], acc[d, k] = probability that depth-(d+1) head's rank-k token is correct.
-    A node's value is the product of acc along its rank path; each step adds the frontier node of
-    highest value (a child is only a candidate once its parent is in the tree), so the result is
-    always a valid tree and, since values shrink along a path, the best N-node subtree.
-    """
-    D, K = acc.shape
-    import heapq
-
-    chosen: list[Path] = []
-    heap: list[tuple[float, Path]] = [(-float(acc[0, k]), (k,)) for k in range(K)]
-    heapq.heapify(heap)
-    while heap and len(chosen) < num_nodes:
-        neg, p = heapq.heappop(heap)
-        chosen.append(p)
-        if len(p) < D:
-            for k in range(K):
-                heapq.heappush(heap, (neg * float(acc[len(p), k]), (*p, k)))
-    return [list(p) for p in chosen]
-
-
-def default_accuracies(depth: int, topk: int = 8) -> Tensor:
-    """A prior for untuned heads: top-1 accuracy 0.6 decaying 0.8x per head, rank k weight ~ 1/(k+1)^1.5.
-
-    Roughly the shape of trained Medusa heads' accuracies; `scripts/tune_tree.py` replaces it with
-    measured numbers.
-    """
-    d = torch.arange(depth, dtype=torch.float64)[:, None]
-    k = torch.arange(topk, dtype=torch.float64)[None, :]
-    return 0.6 * 0.8**d * (k + 1) ** -1.5
-
-
-def default_tree(num_heads: int, num_nodes: int = 32) -> list[list[int]]:
-    """The default static tree for ``num_heads`` Medusa heads: `build_tree` on `default_accuracies`."""
-    return build_tree(default_accuracies(num_heads), num_nodes)
-
-
-# --------------------------------------------------------------------------------------------- tuning
-#
-# Fitting trees to measured heads and hardware (`scripts/tune_tree.py`). Model: a draft node at depth d
-# with rank r along its path is correct with probability acc[d-1, r], independently across depths, so
-# a root-to-node rank path p = (r_1..r_d) is accepted with probability P(p) = Π_i acc[i-1, r_i] and a
-# tree's expected accepted length (bonus token included) is E[τ] = 1 + Σ_{p in tree} P(p) (Medusa's
-# sparse trees, Cai et al. 2024; `expected_accept_length`). One step costs t_verify(N+1) + t_draft, so the
-# expected throughput of an N-node tree is E[τ(N)] / (t_verify(N+1) + t_draft).
-
-
 def greedy_nodes(
     acc: Tensor, max_nodes: int, *, max_depth: int | None = None, max_rank: int | None = None
 ) -> tuple[list[Path], list[float]]:
@@ -253,8 +197,6 @@ def greedy_nodes(
     the N largest), so under the independence model the first N nodes are the optimal N-node tree,
     and the trees for growing N are nested: E[τ(N)] = 1 + Σ_{i<N} values[i] is non-decreasing in N.
     """
-    import heapq
-
     if acc.dim() != 2:
         raise ValueError(f"acc must be [depth, ranks], got shape {tuple(acc.shape)}")
     a = acc.double().cpu()
@@ -277,96 +219,26 @@ def greedy_nodes(
     return nodes, values
 
 
-def expected_accept_curve(
-    acc: Tensor, max_nodes: int, *, max_depth: int | None = None, max_rank: int | None = None
-) -> list[float]:
-    """E[τ(N)] of the greedy N-node tree for N = 0..max_nodes (shorter if fewer paths exist).
+def build_tree(acc: Tensor, num_nodes: int) -> list[list[int]]:
+    """Greedy tree that maximises expected accepted length (Medusa's sparse-tree construction): the first
+    ``num_nodes`` nodes of `greedy_nodes` as lists. acc: [D, K] probabilities, see `greedy_nodes`."""
+    return [list(p) for p in greedy_nodes(acc, num_nodes)[0]]
 
-    tau[0] = 1 (the bonus token alone); tau[N] = 1 + Σ_{i<N} P(node_i) with the nodes of `greedy_nodes`.
+
+def default_accuracies(depth: int, topk: int = 8) -> Tensor:
+    """A prior for untuned heads: top-1 accuracy 0.6 decaying 0.8x per head, rank k weight ~ 1/(k+1)^1.5.
+
+    Roughly the shape of trained Medusa heads' accuracies; `infer.tune_tree` replaces it with
+    measured numbers.
     """
-    _, values = greedy_nodes(acc, max_nodes, max_depth=max_depth, max_rank=max_rank)
-    tau = [1.0]
-    for v in values:
-        tau.append(tau[-1] + v)
-    return tau
+    d = torch.arange(depth, dtype=torch.float64)[:, None]
+    k = torch.arange(topk, dtype=torch.float64)[None, :]
+    return 0.6 * 0.8**d * (k + 1) ** -1.5
 
 
-def empirical_accept_length(paths: Sequence[Sequence[int]], ranks: Tensor) -> float:
-    """Mean accepted length of a static tree on measured rank vectors (no independence assumption).
-
-    ranks: [M, D] long, ranks[m, d] = rank of the correct token among depth-(d+1)'s candidates at
-    held-out position m (anything >= the tree's ranks, e.g. K, means "not among the candidates").
-    Greedy verification accepts the deepest node whose path equals ranks[m, :depth]; in a prefix-closed
-    tree the nodes that are prefixes of ranks[m] are exactly that node's ancestors and itself, so
-    τ_m = 1 + #{p in tree : p == ranks[m, :len(p)]}.
-    """
-    valid = validate_paths(paths)
-    if ranks.dim() != 2:
-        raise ValueError(f"ranks must be [positions, depth], got shape {tuple(ranks.shape)}")
-    if not valid or ranks.shape[0] == 0:
-        return 1.0
-    if max(len(p) for p in valid) > ranks.shape[1]:
-        raise ValueError(f"the tree is deeper than the {ranks.shape[1]} measured depths")
-    hits = torch.zeros(ranks.shape[0], dtype=torch.long)
-    for p in valid:
-        hits += (ranks[:, : len(p)] == torch.tensor(p)).all(1).long()
-    return 1.0 + float(hits.double().mean())
-
-
-def choose_num_nodes(
-    tau: Sequence[float], verify_s: Sequence[float], draft_s: float, min_nodes: int = 1
-) -> tuple[int, list[float]]:
-    """The tree size N that maximises expected tokens/s, and the expected rate of every N.
-
-    tau: E[τ(N)] for N = 0..; verify_s: [k-1] = seconds to verify k tokens (root + N nodes: k = N+1);
-    draft_s: seconds of drafting per step (for Medusa it does not depend on N).
-    rate(N) = tau[N] / (verify_s[N] + draft_s), for N up to min(len(tau), len(verify_s)) - 1; the
-    result is argmax over N >= min_nodes (ties: the smaller tree).
-    """
-    n_max = min(len(tau), len(verify_s)) - 1
-    if n_max < min_nodes:
-        raise ValueError(f"need E[τ] and verify costs up to N = {min_nodes} nodes, got up to {n_max}")
-    if draft_s < 0 or any(t <= 0 for t in verify_s[: n_max + 1]):
-        raise ValueError("latencies must be positive")
-    rates = [tau[n] / (verify_s[n] + draft_s) for n in range(n_max + 1)]
-    best = max(range(min_nodes, n_max + 1), key=lambda n: (rates[n], -n))
-    return best, rates
-
-
-def choose_eagle_budget(
-    acc: Tensor, verify_s: Sequence[float], draft_s: dict[int, float], draft_top_k: int
-) -> dict:
-    """EAGLE-2's ``total_tokens`` (and ``depth``) that maximise expected tokens/s.
-
-    acc: [D, K] per-depth rank accuracies of the draft unrolled on its own features (as it drafts);
-    verify_s: [k-1] = seconds to verify k tokens; draft_s: {depth: seconds of one `propose` with that
-    depth} (EAGLE-2 runs one draft forward per depth level, whatever the tree size).
-
-    E[τ] of a dynamic tree of T tokens is estimated by the best static tree of N = T-1 nodes of depth
-    <= depth and ranks < draft_top_k on ``acc`` (`expected_accept_curve`). Assumptions: a calibrated
-    draft ranks its candidates like ``acc`` does on average (EAGLE-2 reranks per context, so it is
-    usually better than this static estimate, which makes the estimate conservative); EAGLE-2 only
-    expands draft_top_k nodes per depth, which the static tree ignores (it matters only for trees wider
-    than draft_top_k at some depth). Returns {"total_tokens", "depth", "draft_top_k",
-    "expected_accept_length", "expected_tokens_per_s", "curves": {depth: [rate(T) for T = 1..]}}.
-    """
-    best: dict | None = None
-    curves: dict[int, list[float]] = {}
-    for depth, t_draft in sorted(draft_s.items()):
-        tau = expected_accept_curve(acc, len(verify_s) - 1, max_depth=depth, max_rank=draft_top_k)
-        n, rates = choose_num_nodes(tau, verify_s, t_draft)
-        curves[depth] = rates
-        if best is None or rates[n] > best["expected_tokens_per_s"]:
-            best = {
-                "total_tokens": n + 1,
-                "depth": depth,
-                "draft_top_k": draft_top_k,
-                "expected_accept_length": tau[n],
-                "expected_tokens_per_s": rates[n],
-            }
-    if best is None:
-        raise ValueError("draft_s needs at least one depth")
-    return best | {"curves": curves}
+def default_tree(num_heads: int, num_nodes: int = 32) -> list[list[int]]:
+    """The default static tree for ``num_heads`` Medusa heads: `build_tree` on `default_accuracies`."""
+    return build_tree(default_accuracies(num_heads), num_nodes)
 
 
 def attention_mask(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from infer.settings import DEFAULTS
 from infer.tree import DraftTree
 
 
@@ -113,8 +114,8 @@ def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | No
 def accept_typical(
     probs: Tensor,
     tree: DraftTree,
-    eps: float = 0.09,
-    delta: float = 0.3,
+    eps: float = DEFAULTS.typical_eps,
+    delta: float = DEFAULTS.typical_delta,
     generator: torch.Generator | None = None,
 ) -> Acceptance:
     """Medusa typical acceptance: draft x under parent v is ok iff p_v(x) > min(eps, delta·exp(-H(p_v))).

@@ -1,17 +1,13 @@
-"""`scripts/eval_heads.py`: the EAGLE unroll matches inference-style drafting, ranks and accuracies are right."""
+"""`infer.evaluate` (scripts/eval_heads.py): the EAGLE unroll matches inference-style drafting, ranks and
+accuracies are right."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import pytest
 import torch
 from conftest import tiny_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-from eval_heads import RankStats, batch_ranks, evaluate_heads, summary, unroll_eagle  # noqa: E402
+from infer.evaluate import RankStats, batch_ranks, evaluate_heads, summary, unroll_eagle
 
 
 def _batch(T: int = 14, B: int = 2, seed: int = 0):

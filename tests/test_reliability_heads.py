@@ -271,7 +271,9 @@ def test_config_sizes_are_bounded_and_checked_against_the_header(target, tmp_pat
 def test_eagle_target_config_sizes_are_bounded_and_match_the_header(target, tmp_path, draft_layer):
     save_heads(EagleHead.for_target(target, draft_layer=draft_layer), str(tmp_path))
     cfg = json.loads((tmp_path / "config.json").read_text())
-    name = "target_config" if draft_layer == "target" else "draft_layer_config"  # what the layer is built from
+    name = (
+        "target_config" if draft_layer == "target" else "draft_layer_config"
+    )  # what the layer is built from
     for key, value, message in [
         ("intermediate_size", 10**9, rf"'{name}.intermediate_size' must be an int in \[1, 1048576\]"),
         (
@@ -313,7 +315,7 @@ def test_medusa_tree_json_ranks_and_size_are_bounded(target, tmp_path, tree, mes
     _medusa(target, tmp_path)
     (tmp_path / "tree.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message) as e:
-        load_heads(str(tmp_path), target)
+        infer.load(target, heads=str(tmp_path))  # tree files are infer's settings (`infer.settings`)
     assert "tree.json" in _one_line(e)
 
 
@@ -335,7 +337,7 @@ def test_eagle_tree_json_budget_is_bounded(target, tmp_path, tree, message):
     save_heads(EagleHead.for_target(target), str(tmp_path))
     (tmp_path / "tree.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message) as e:
-        load_heads(str(tmp_path), target)
+        infer.load(target, heads=str(tmp_path))
     assert "tree.json" in _one_line(e)
 
 

@@ -15,11 +15,11 @@ from infer.tree import (
     chain,
     default_accuracies,
     default_tree,
-    expected_accept_length,
     structure_from_parents,
     tree_buffers,
     validate_paths,
 )
+from infer.tune import expected_accept_length
 
 # node:    1     2     3       4       5       6
 PATHS = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]

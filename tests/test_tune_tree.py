@@ -1,29 +1,24 @@
-"""Tree tuning (`infer.tree` greedy trees and size choice), tree.json loading, and `scripts/tune_tree.py` helpers."""
+"""Tree tuning (`infer.tree` greedy trees, `infer.tune` size choice), saved inference settings
+(`infer.settings`: inference.json and legacy tree.json), and `infer.tune_tree` (scripts/tune_tree.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
-import sys
 
 import pytest
 import torch
 from conftest import tiny_model
 
-from infer.tree import (
-    build_tree,
+from infer.settings import write_settings
+from infer.tree import build_tree, default_tree, greedy_nodes, validate_paths
+from infer.tune import (
     choose_eagle_budget,
     choose_num_nodes,
-    default_tree,
     empirical_accept_length,
     expected_accept_curve,
     expected_accept_length,
-    greedy_nodes,
-    validate_paths,
 )
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 
 def random_acc(seed: int, depth: int = 4, ranks: int = 10) -> torch.Tensor:
@@ -125,7 +120,7 @@ def test_choose_eagle_budget_matches_brute_force():
 
 
 def test_profile_grid_and_interpolation():
-    from tune_tree import interpolate, profile_grid
+    from infer.tune import interpolate, profile_grid
 
     grid = profile_grid(64)
     assert grid[:8] == list(range(1, 9)) and grid[-1] == 64 and {12, 16, 28, 32, 40, 56} <= set(grid)
@@ -136,7 +131,7 @@ def test_profile_grid_and_interpolation():
 
 
 def test_monotone_profile():
-    from tune_tree import monotone
+    from infer.tune import monotone
 
     assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert monotone([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
@@ -158,19 +153,21 @@ def _medusa(tmp_path, target):
     return heads
 
 
-def test_tree_json_round_trip_medusa(tmp_path, one_thread):
-    from tune_tree import write_tree
-
+@pytest.mark.parametrize("file", ["inference.json", "tree.json"])
+def test_tree_json_round_trip_medusa(tmp_path, one_thread, file):
+    """A tuned static tree saved with the heads (``inference.json``, or an older ``tree.json``) is what
+    `infer.load` drafts with; explicit trees still win; greedy output stays the target's."""
     import infer
-    from heads import load_heads
 
     target = tiny_model("llama")
     _medusa(tmp_path, target)
     paths = [list(p) for p in greedy_nodes(random_acc(2, depth=3), 9)[0]]
-    write_tree(str(tmp_path), {"paths": paths, "tuning": {"note": "kept for the record"}})
-    heads = load_heads(str(tmp_path), target)
-    assert heads.tree == paths
-    model = infer.SpecModel(target, heads)
+    if file == "inference.json":
+        write_settings(str(tmp_path), {"tree": paths}, tuning={"note": "kept for the record"})
+    else:
+        (tmp_path / file).write_text(json.dumps({"paths": paths, "tuning": {"note": "kept for the record"}}))
+    model = infer.load(target, heads=str(tmp_path))
+    assert model.settings.tree == paths
     assert model.proposer().tree == paths
     assert model.proposer([[0]]).tree == [[0]]  # an explicit tree still wins
     ids = torch.randint(3, 96, (1, 7), generator=torch.Generator().manual_seed(1))
@@ -179,16 +176,17 @@ def test_tree_json_round_trip_medusa(tmp_path, one_thread):
     assert torch.equal(out.sequences, ref)
 
 
-def test_tree_json_round_trip_eagle(tmp_path, one_thread):
+@pytest.mark.parametrize("file", ["inference.json", "tree.json"])
+def test_tree_json_round_trip_eagle(tmp_path, one_thread, file):
     import infer
-    from heads import load_heads, save_heads
+    from heads import save_heads
     from heads.eagle import EagleHead
 
     target = tiny_model("llama")
     torch.manual_seed(0)
     save_heads(EagleHead.for_target(target), str(tmp_path))
-    (tmp_path / "tree.json").write_text(json.dumps({"total_tokens": 7, "depth": 3, "draft_top_k": 2}))
-    model = infer.SpecModel(target, load_heads(str(tmp_path), target))
+    (tmp_path / file).write_text(json.dumps({"total_tokens": 7, "depth": 3, "draft_top_k": 2}))
+    model = infer.load(target, heads=str(tmp_path))
     prop = model.proposer()
     assert (prop.total_tokens, prop.depth, prop.top_k) == (7, 3, 2)
     prop = model.proposer(total_tokens=5)  # explicit arguments override the saved budget one by one
@@ -197,6 +195,87 @@ def test_tree_json_round_trip_eagle(tmp_path, one_thread):
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
     out = infer.generate(model, ids, max_new_tokens=20, do_sample=False)
     assert torch.equal(out.sequences, ref)
+
+
+def test_inference_json_settings_and_precedence(tmp_path, one_thread):
+    """``inference.json`` carries any setting (here the acceptance rule), wins over a ``tree.json``
+    beside it, and is checked against the heads: budget keys for Medusa heads, unknown keys refused."""
+    import infer
+    from infer.settings import read_settings
+
+    target = tiny_model("llama")
+    heads = _medusa(tmp_path, target)
+    (tmp_path / "tree.json").write_text(json.dumps({"paths": [[0]]}))
+    write_settings(str(tmp_path), {"tree": [[0], [1]], "acceptance": "typical", "typical_eps": 0.2})
+    model = infer.load(target, heads=str(tmp_path))
+    assert model.settings.tree == [[0], [1]] and model.settings.acceptance == "typical"
+    assert model.settings.typical_eps == 0.2 and model.settings.typical_delta == 0.3
+    for bad, message in [
+        ({"depth": 3}, r"\['depth'\] only apply to dynamic-tree \(EAGLE\) heads"),
+        ({"trees": [[0]]}, r"unknown inference settings \[trees\]"),
+        ({"acceptance": "fast"}, "acceptance must be 'exact' or 'typical'"),
+        ({"typical_eps": 3}, r"typical_eps must be a number in \[0, 1\]"),
+    ]:
+        (tmp_path / "inference.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message) as e:
+            read_settings(str(tmp_path), heads.config)
+        assert "inference.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_infer_settings_config_and_defaults_of_generate(tmp_path, one_thread):
+    """`InferSettings` is a `heads.config` dataclass (YAML, key=value, one-line errors), and a model's
+    settings are the defaults of `infer.generate` and of the proposer (explicit arguments still win)."""
+    import infer
+    from heads import MedusaHeads, config
+    from heads.eagle import EagleHead
+    from infer.settings import InferSettings
+
+    s = config.load(InferSettings, overrides=["total_tokens=32", "acceptance=typical"])
+    assert (s.total_tokens, s.acceptance, s.depth, s.tree) == (32, "typical", 6, None)
+    (tmp_path / "s.yaml").write_text("tree: [[0], [0, 0], [1]]\ntypical_delta: 0.5\n")
+    assert config.load(InferSettings, str(tmp_path / "s.yaml")).tree == [[0], [0, 0], [1]]
+    with pytest.raises(ValueError, match=r"'total_tokens' must be an int in \[2, 4096\], got 1"):
+        config.load(InferSettings, overrides=["total_tokens=1"])
+    with pytest.raises(ValueError, match="did you mean 'typical_eps'"):
+        config.load(InferSettings, overrides=["typical_epsilon=0.1"])
+    with pytest.raises(ValueError, match="no parent"):
+        InferSettings(tree=[[0, 0]])
+    target = tiny_model("llama")
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    for p in heads.parameters():
+        p.data.normal_(0, 0.1)
+    typical = InferSettings(acceptance="typical", typical_eps=0.2, typical_delta=0.1, tree=[[0], [1]])
+    tuned, plain = infer.SpecModel(target, heads, settings=typical), infer.SpecModel(target, heads)
+    assert tuned.proposer().tree == [[0], [1]] and len(plain.proposer().tree) == 32
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    kw = {"max_new_tokens": 16, "do_sample": True}
+    got = infer.generate(tuned, ids, generator=torch.Generator().manual_seed(4), **kw)
+    want = infer.generate(
+        plain,
+        ids,
+        tree=[[0], [1]],
+        acceptance="typical",
+        typical_eps=0.2,
+        typical_delta=0.1,
+        generator=torch.Generator().manual_seed(4),
+        **kw,
+    )
+    assert torch.equal(got.sequences, want.sequences)
+    assert got.stats.accepted_lengths == want.stats.accepted_lengths
+    exact = [  # the argument overrides the setting
+        infer.generate(
+            m, ids, tree=[[0], [1]], acceptance="exact", generator=torch.Generator().manual_seed(4), **kw
+        )
+        for m in (tuned, plain)
+    ]
+    assert torch.equal(exact[0].sequences, exact[1].sequences)
+    eagle = EagleHead.for_target(target).eval()
+    budget = InferSettings(depth=3, draft_top_k=2, total_tokens=7)
+    prop = infer.SpecModel(target, eagle, settings=budget).proposer(depth=2)
+    assert (prop.total_tokens, prop.depth, prop.top_k) == (7, 2, 2)
+    with pytest.raises(ValueError, match="eagle heads draft dynamic trees"):
+        infer.SpecModel(target, eagle, settings=InferSettings(tree=[[0]]))
 
 
 @pytest.mark.parametrize(
@@ -213,13 +292,13 @@ def test_tree_json_round_trip_eagle(tmp_path, one_thread):
     ],
 )
 def test_malformed_tree_json_medusa(tmp_path, content, message):
-    from heads import load_heads
+    import infer
 
     target = tiny_model("llama")
     _medusa(tmp_path, target)
     (tmp_path / "tree.json").write_text(content)
     with pytest.raises(ValueError, match=message) as e:
-        load_heads(str(tmp_path), target)
+        infer.load(target, heads=str(tmp_path))
     assert "tree.json" in str(e.value)
 
 
@@ -239,14 +318,15 @@ def test_malformed_tree_json_medusa(tmp_path, content, message):
     ],
 )
 def test_malformed_tree_json_eagle(tmp_path, tree, message):
-    from heads import load_heads, save_heads
+    import infer
+    from heads import save_heads
     from heads.eagle import EagleHead
 
     target = tiny_model("llama")
     save_heads(EagleHead.for_target(target), str(tmp_path))
     (tmp_path / "tree.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message):
-        load_heads(str(tmp_path), target)
+        infer.load(target, heads=str(tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------- scripts
@@ -254,7 +334,8 @@ def test_malformed_tree_json_eagle(tmp_path, tree, message):
 
 def test_measure_profile_and_tune(tmp_path, one_thread):
     """The profile restores the cache each step; the tuned Medusa tree is valid and fits the heads."""
-    from tune_tree import measure_profile, tune_medusa
+    from infer.profile import measure_profile
+    from infer.tune_tree import tune_medusa
 
     target = tiny_model("llama")
     prefix = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -276,10 +357,10 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
 
 
 def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
-    from tune_tree import measure_tau, refine_eagle, tune_eagle
-
     import infer
     from heads.eagle import EagleHead
+    from infer.measure import measure_tau
+    from infer.tune_tree import refine_eagle, tune_eagle
 
     target = tiny_model("llama")
     torch.manual_seed(0)
@@ -307,10 +388,10 @@ def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
 def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
     """Candidates are greedy trees of several sizes plus the default; the kept tree is the best by measured
     τ / step cost, its τ is what infer.generate measures, and the record keeps the rank-vector τ apart."""
-    from tune_tree import measure_tau, refine_medusa, tune_medusa
-
     import infer
     from heads import MedusaHeads
+    from infer.measure import measure_tau
+    from infer.tune_tree import refine_medusa, tune_medusa
 
     target = tiny_model("llama")
     torch.manual_seed(0)
@@ -344,8 +425,7 @@ def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
 def test_load_prompts_text_and_chat_rows(tmp_path):
     """Text rows give their first tokens; chat rows give the conversation before the first assistant turn,
     rendered with the template's generation prompt (the held-out chat data `--measure-tau` reads)."""
-    from tune_tree import load_prompts
-
+    from infer.measure import load_prompts
     from train.demo import SYSTEM_PROMPT, train_tokenizer
 
     tok = train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300, max_length=128)
@@ -375,11 +455,13 @@ def test_load_prompts_text_and_chat_rows(tmp_path):
 
 
 def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
-    """scripts/tune_tree.py end to end on chat-format held-out data: accuracies, a (grid) profile, the
-    measured-τ refinement with chat prompts, tree.json written, and `load_heads` picking the tree up."""
-    import tune_tree
-
-    from heads import MedusaHeads, load_heads, save_heads
+    """scripts/tune_tree.py's command line end to end on chat-format held-out data: accuracies, a (grid)
+    profile, the measured-τ refinement with chat prompts, inference.json written, and `infer.load`
+    picking the tree up."""
+    import infer
+    from heads import MedusaHeads, save_heads
+    from heads.config import parse_cli
+    from infer.tune_tree import TuneOptions, tune_tree
     from train.demo import train_tokenizer
 
     code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
@@ -415,14 +497,15 @@ def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
         "fp32",
     ]
     argv += ["--max-examples", "4", "--max-k", "40", "--repeats", "1", "--measure-tau", "2"]
-    tune_tree.main([*argv, "--max-new-tokens", "8"])
-    with open(tmp_path / "heads" / "tree.json") as f:
+    tune_tree(parse_cli(TuneOptions, [*argv, "--max-new-tokens", "8"]))
+    with open(tmp_path / "heads" / "inference.json") as f:
         saved = json.load(f)
     rec = saved["tuning"]
     assert rec["refined"]["prompts"] == 2 and "default" in rec["refined"]["candidates"]
     assert {c["num_nodes"] for c in rec["refined"]["candidates"].values()} >= {16, 32}
     assert rec["profile"]["k"] == list(range(1, 41)) and rec["profile"]["k_measured"][-1] == 40
-    assert len(validate_paths(saved["paths"])) == rec["num_nodes"]
-    assert all(len(p) <= 2 for p in saved["paths"])
-    loaded = load_heads(str(tmp_path / "heads"), target)
-    assert [list(p) for p in loaded.tree] == saved["paths"]
+    assert len(validate_paths(saved["tree"])) == rec["num_nodes"]
+    assert all(len(p) <= 2 for p in saved["tree"])
+    loaded = infer.load(target, heads=str(tmp_path / "heads"))
+    assert [list(p) for p in loaded.settings.tree] == saved["tree"]
+    assert loaded.proposer().tree == saved["tree"]

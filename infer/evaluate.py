@@ -1,0 +1,353 @@
+"""Held-out per-position top-k accuracy of a head checkpoint (Medusa, EAGLE-1/2, EAGLE-3) and the τ it implies.
+
+`eval_heads` is ``scripts/eval_heads.py`` (its options: `EvalOptions`); `infer.tune_tree` reads the
+accuracies as the input of tree tuning.
+
+Depth d (1-based) is the d-th draft token after the target's own next token:
+
+- Medusa: head d-1 at position t scores token t+1+d (all heads read the target's state at t).
+- EAGLE-1/2 and EAGLE-3: the draft is unrolled on its own features, as it drafts at inference: step 1
+  reads the target's features, step j >= 2 reads the draft's step j-1 output at the same pair and
+  attends to the real prefix plus its own earlier steps: the head's training-time-test unroll
+  (``ttt_unroll``; for EAGLE-1/2 heads without one, `unroll_eagle` builds the same attention with a KV
+  cache and a 4D mask).
+
+The *correct* token is the target's greedy choice at that position (``--labels target``, what greedy
+verification accepts) or the data's next token (``--labels data``), scored where the data's loss mask
+is 1. For every depth we record the rank r of the correct token among the draft's candidates
+(r >= K = 10: not in the top 10), which gives
+
+- ``topk_acc[d][k-1]`` = P(rank < k) for k = 1..10 (per-position top-k accuracy);
+- ``rank_probs[d][r]`` = P(rank = r | depth d), the input of tree tuning (`infer.tree.greedy_nodes`);
+- ``sim_accept_length`` = 1 + Σ_d Π_{j<=d} top1_j (a chain's τ, bonus token included, docs/design.md §7);
+- ``chain_accept_length_empirical``: the same chain measured on the joint rank vectors (no
+  independence assumption).
+
+Writes JSON (``--output``, default ``<heads>/eval_heads.json``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from heads import load_heads, load_target, registry
+from heads.base import read_config, resolve_dir
+from heads.graft import TargetOutput, resolve_demo_target, run_target
+from heads.io import atomic_text
+from infer.cache import new_cache
+from infer.settings import DEFAULTS
+from infer.tree import chain
+from infer.tune import empirical_accept_length, expected_accept_length
+
+TOPK = 10
+
+
+@dataclass
+class EvalOptions:
+    """Options of ``scripts/eval_heads.py`` (`eval_heads`)."""
+
+    heads: str | None = field(default=None, metadata={"help": "head checkpoint directory or Hub id"})
+    target: str | None = field(
+        default=None, metadata={"help": "target model (default: the heads' base_model_name_or_path)"}
+    )
+    data: str | None = field(
+        default=None, metadata={"help": "held-out JSONL/parquet/Hub id (default: the run's eval_path)"}
+    )
+    max_examples: int = field(default=64, metadata={"help": "held-out rows to score"})
+    max_length: int = field(default=256, metadata={"help": "tokens per row"})
+    batch_size: int = field(default=4, metadata={"help": "rows per forward"})
+    depth: int | None = field(
+        default=None, metadata={"help": "draft depths to score (default: Medusa heads / EAGLE depth 6)"}
+    )
+    labels: str = field(default="target", metadata={"help": "target (greedy choice) or data (next token)"})
+    dtype: str = field(default="bf16", metadata={"help": "target dtype"})
+    output: str | None = field(
+        default=None, metadata={"help": "JSON path (default: <heads>/eval_heads.json)"}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.heads:
+            raise ValueError("--heads is required: a head checkpoint directory or Hub id")
+        if self.labels not in ("target", "data"):
+            raise ValueError(f"--labels must be 'target' or 'data', got {self.labels!r}")
+        for key in ("max_examples", "max_length", "batch_size", "depth"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {v}")
+
+
+@dataclass
+class RankStats:
+    """counts: [D, K+1] int64, counts[d, r] = scored positions whose correct token is at rank r at depth d+1
+    (r = K: not in the top K). joint: [M, D] int64 ranks (clipped to K) of the positions scored at every
+    depth, for measuring trees without assuming independence across depths."""
+
+    counts: Tensor
+    joint: Tensor
+
+    @property
+    def total(self) -> Tensor:
+        return self.counts.sum(-1)
+
+    def rank_probs(self) -> Tensor:
+        """[D, K] float64, P(rank = r | depth)."""
+        return self.counts[:, :-1].double() / self.total.clamp(min=1)[:, None].double()
+
+    def topk_acc(self) -> Tensor:
+        """[D, K] float64, P(rank < k) for k = 1..K."""
+        return self.rank_probs().cumsum(-1)
+
+
+def unroll_eagle(
+    head: nn.Module, embed: nn.Module, input_ids: Tensor, feats: Tensor, attention_mask: Tensor, steps: int
+) -> list[Tensor]:
+    """Unroll an EAGLE draft on its own features over every position at once: ``steps`` x [B, N, H] outputs.
+
+    input_ids, attention_mask: [B, T] (right padded, 1 = real); feats: [B, T, F] the target's features
+    (last hidden state for EAGLE-1/2, cat of the aux states for EAGLE-3); N = T - 1 pairs.
+    Step 0 runs the pairs k = (x_{k+1}, f_k) causally at positions k; step j >= 1 runs
+    (x_{k+1+j}, o^{j-1}_k) at position k + j and attends to the step-0 keys of pairs <= k and to pair k's
+    own keys at steps 1..j, the attention a tree path gets in `infer.eagle_draft.EagleProposer`. Output j at
+    pair k predicts the feature whose logits score token k+2+j.
+    """
+    B, T = input_ids.shape
+    N = T - 1
+    dtype = head.fc.weight.dtype
+    am = attention_mask.bool()
+    pair = am[:, :-1] & am[:, 1:]  # [B, N] pair k needs tokens k and k+1
+    toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, max(steps - 1, 0))], 1)  # [B, N+steps-1]
+    cache = new_cache()
+    out = head(toks[:, :N], feats[:, :-1], embed, attention_mask=pair.long(), cache=cache)
+    outs = [out]
+    k = torch.arange(N, device=input_ids.device)
+    prefix = (k[None, :] <= k[:, None])[None] & pair[:, None, :]  # [B, N, N] step-0 keys
+    eye = torch.eye(N, dtype=torch.bool, device=input_ids.device).expand(B, N, N)
+    neg = torch.finfo(dtype).min
+    for j in range(1, steps):
+        allowed = torch.cat([prefix] + [eye] * j, 2)  # step 0, steps 1..j-1, this step
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device).masked_fill_(~allowed, neg)
+        pos = (k + j)[None]
+        out = head(
+            toks[:, j : j + N], out, embed, position_ids=pos, attention_mask=mask[:, None], cache=cache
+        )
+        outs.append(out)
+    return outs
+
+
+def _ranks(logits: Tensor, labels: Tensor, topk: int) -> Tensor:
+    """logits: [..., V], labels: [...] (-1 = not a candidate) -> rank of the label, clipped to ``topk``."""
+    safe = labels.clamp(min=0)
+    own = logits.gather(-1, safe[..., None])
+    rank = (logits > own).sum(-1)
+    return torch.where(labels >= 0, rank.clamp(max=topk), torch.full_like(rank, topk))
+
+
+def _static_logits(heads, target, batch, out: TargetOutput, depth: int) -> list[Tensor]:
+    """Medusa-style heads: all heads read the target's last state at t; head d-1 scores token t+1+d."""
+    dtype = next(heads.parameters()).dtype
+    return list(heads(out.hidden.to(dtype), target.get_output_embeddings())[:depth])  # D x [B, T, V]
+
+
+def _eagle_logits(heads, target, batch, out: TargetOutput, depth: int) -> list[Tensor]:
+    """EAGLE-1/2/3: the draft unrolled on its own features (the head's ``ttt_unroll``), D x [B, T-1, V']."""
+    ids, am = batch["input_ids"], batch["attention_mask"]
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    feats = torch.cat(out.aux, -1) if out.aux else out.hidden  # EAGLE-3: cat of the aux states
+    ttt_unroll = getattr(heads, "ttt_unroll", None)
+    if ttt_unroll is None:  # EAGLE-1/2 heads until they carry ttt_unroll (issue 13)
+        return [heads.logits(o, lm_head) for o in unroll_eagle(heads, embed, ids, feats, am, depth)]
+    tokens = torch.cat([ids[:, 1:], ids[:, -1:].expand(ids.shape[0], depth - 1)], 1)
+    pair = (am[:, :-1] & am[:, 1:]).long()
+    return list(heads.logits(ttt_unroll(tokens, feats[:, :-1], embed, pair, depth), lm_head))
+
+
+# How the heads of each proposer kind (`heads.registry.HeadType.proposer`) score every depth at once.
+DRAFT_LOGITS: dict[str, Callable[..., list[Tensor]]] = {"static_tree": _static_logits, "eagle": _eagle_logits}
+
+
+def draft_logits(heads: nn.Module, target: nn.Module, batch: dict[str, Tensor], depth: int):
+    """(per-depth draft logits, target output): ``depth`` x [B, N, V'], entry t of depth d (1-based) scoring
+    token t+1+d; N = T (Medusa) or T - 1 (EAGLE pairs); V' is the draft vocab for EAGLE-3."""
+    entry = registry.of(heads)
+    unroll = DRAFT_LOGITS.get(entry.proposer)
+    if unroll is None:
+        raise ValueError(f"no evaluation for {entry.name} heads (proposer {entry.proposer!r})")
+    aux = tuple(getattr(heads, "aux_layer_ids", ()) or ())
+    out = run_target(target, batch["input_ids"], batch["attention_mask"], aux_layers=aux)
+    return unroll(heads, target, batch, out, depth), out
+
+
+@torch.inference_mode()
+def batch_ranks(
+    heads: nn.Module, target: nn.Module, batch: dict[str, Tensor], depth: int, labels: str = "target"
+) -> tuple[Tensor, Tensor]:
+    """(ranks [D, B, N] clipped to TOPK, scored [D, B, N] bool) for one batch; see the module docstring."""
+    ids, am, lm = batch["input_ids"], batch["attention_mask"].bool(), batch["loss_mask"].bool()
+    per_depth, out = draft_logits(heads, target, batch, depth)
+    B, T = ids.shape
+    greedy = out.logits.argmax(-1)  # [B, T]: the target's choice for token t+1
+    d2t = getattr(heads, "d2t", None)
+    inverse = None
+    if d2t is not None:  # target id -> draft id (-1 outside the draft vocab)
+        inverse = torch.full((heads.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        inverse[torch.arange(d2t.shape[0], device=ids.device) + d2t] = torch.arange(
+            d2t.shape[0], device=ids.device
+        )
+    ranks, scored = [], []
+    for d, z in enumerate(per_depth):  # depth d+1: entry t scores token t+2+d
+        N = z.shape[1]
+        t = torch.arange(N, device=ids.device)
+        src = t + 2 + d
+        inside = src < T
+        srcc = src.clamp(max=T - 1)
+        # greedy[:, s - 1] is the target's choice for token s given the real prefix
+        label = ids[:, srcc] if labels == "data" else greedy[:, srcc - 1]
+        ok = inside[None] & am[:, srcc] & lm[:, srcc]
+        if inverse is not None:
+            label = inverse[label]
+        ranks.append(_ranks(z.float(), label, TOPK))
+        scored.append(ok)
+    n = min(r.shape[1] for r in ranks)
+    return torch.stack([r[:, :n] for r in ranks]), torch.stack([s[:, :n] for s in scored])
+
+
+def evaluate_heads(
+    heads: nn.Module,
+    target: nn.Module,
+    batches,
+    depth: int,
+    labels: str = "target",
+    progress: bool = True,
+) -> RankStats:
+    """Accumulate `RankStats` over an iterable of collated batches (``input_ids``/``attention_mask``/``loss_mask``)."""
+    if labels not in ("target", "data"):
+        raise ValueError(f"labels must be 'target' or 'data', got {labels!r}")
+    counts = torch.zeros(depth, TOPK + 1, dtype=torch.long)
+    joint = []
+    device = next(target.parameters()).device
+    for batch in tqdm(batches, desc="eval heads", disable=not progress):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        r, s = batch_ranks(heads, target, batch, depth, labels)
+        D = r.shape[0]
+        one_hot = torch.zeros(*r.shape, TOPK + 1, dtype=torch.long, device=r.device)
+        one_hot.scatter_(-1, r[..., None], 1)
+        counts[:D] += (one_hot * s[..., None]).sum((1, 2)).cpu()
+        every = s.all(0)  # [B, N] scored at every depth
+        joint.append(r.permute(1, 2, 0)[every].cpu())
+    if counts.sum() == 0:
+        raise ValueError("no scored positions: the data has no loss-mask tokens far enough from the row ends")
+    return RankStats(counts, torch.cat(joint) if joint else torch.zeros(0, depth, dtype=torch.long))
+
+
+def summary(stats: RankStats) -> dict:
+    top = stats.topk_acc()
+    D = top.shape[0]
+    return {
+        "depth": D,
+        "topk": TOPK,
+        "count": stats.total.tolist(),
+        "topk_acc": top.tolist(),
+        "rank_probs": stats.rank_probs().tolist(),
+        "sim_accept_length": expected_accept_length(chain(D), top[:, :1]),  # 1 + Σ_d Π_{j<=d} top1_j
+        "chain_accept_length_empirical": empirical_accept_length(chain(D), stats.joint),
+        "joint_positions": int(stats.joint.shape[0]),
+    }
+
+
+def table(result: dict) -> str:
+    ks = (1, 2, 3, 5, 10)
+    lines = ["depth  count   " + "  ".join(f"top{k:<3d}" for k in ks)]
+    for d, row in enumerate(result["topk_acc"]):
+        lines.append(f"{d + 1:>5d} {result['count'][d]:>6d}   " + "  ".join(f"{row[k - 1]:.3f} " for k in ks))
+    lines.append(
+        f"simulated chain τ (independent depths) {result['sim_accept_length']:.3f}; "
+        f"measured on joint ranks {result['chain_accept_length_empirical']:.3f}"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def default_data(heads_dir: str) -> str | None:
+    """The held-out set the heads were evaluated on in training (``train_config.yaml`` next to them)."""
+    path = os.path.join(heads_dir, "train_config.yaml")
+    if not os.path.isfile(path):
+        return None
+    return OmegaConf.select(OmegaConf.load(path), "data.eval_path", default=None)
+
+
+def load_batches(data: str, tokenizer, max_examples: int, max_length: int, batch_size: int) -> list:
+    """Tokenized, collated batches of the first ``max_examples`` rows of ``data`` (a local file or Hub id)."""
+    # train.data tokenizes training data (chat templates, loss masks); local: the one place infer reads
+    # training-format data, for offline evaluation only (issue 13: the lead decides where this lives)
+    from train.data import DataConfig, _head, _load, collate, tokenize_dataset
+
+    cfg = DataConfig(path=data, max_length=max_length)
+    ds, _ = _load(data, "train")
+    ds = tokenize_dataset(_head(ds, max_examples), tokenizer, cfg, data)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    rows = [ds[i] for i in range(len(ds))]
+    return [collate(rows[i : i + batch_size], pad_token_id=pad) for i in range(0, len(rows), batch_size)]
+
+
+def load_all(heads_path: str, target_path: str | None, dtype: str):
+    """(heads, target, tokenizer): the target defaults to the heads' ``base_model_name_or_path``."""
+    directory = resolve_dir(heads_path)
+    name = target_path or read_config(directory).get("base_model_name_or_path")
+    if not name:
+        raise ValueError(f"{directory}/config.json names no target; pass --target")
+    name = resolve_demo_target(name)  # demo / demo-tiny: the built demo target (its tokenizer too)
+    target = load_target(name, dtype=dtype)
+    heads = load_heads(directory, target)
+    p = next(target.parameters())
+    heads = heads.to(device=p.device, dtype=p.dtype).eval()
+    return heads, target, AutoTokenizer.from_pretrained(os.path.expanduser(name)), directory
+
+
+def default_depth(heads: nn.Module) -> int:
+    """The depths worth scoring: every Medusa head (static trees), EAGLE-2's default depth (dynamic)."""
+    static = registry.of(heads).tree == "static"
+    return heads.config.num_heads if static else DEFAULTS.depth
+
+
+def run(opts: EvalOptions) -> tuple[dict, RankStats]:
+    """Load, evaluate and summarise; returns (result dict, rank stats)."""
+    heads, target, tokenizer, directory = load_all(opts.heads, opts.target, opts.dtype)
+    depth = opts.depth or default_depth(heads)
+    if registry.of(heads).tree == "static" and depth > heads.config.num_heads:
+        raise ValueError(f"--depth {depth} > the {heads.config.num_heads} Medusa heads")
+    data = opts.data or default_data(directory)
+    if not data:
+        raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")
+    batches = load_batches(data, tokenizer, opts.max_examples, opts.max_length, opts.batch_size)
+    stats = evaluate_heads(heads, target, batches, depth, opts.labels)
+    result = {
+        "heads": directory,
+        "head_type": heads.config.head_type,
+        "target": getattr(target.config, "_name_or_path", None),
+        "data": data,
+        "labels": opts.labels,
+        "dtype": str(next(target.parameters()).dtype),
+        **summary(stats),
+    }
+    return result, stats
+
+
+def eval_heads(opts: EvalOptions) -> dict:
+    """``scripts/eval_heads.py``: evaluate, print the table, write the JSON; returns the result."""
+    result, _ = run(opts)
+    print(table(result))
+    out = opts.output or os.path.join(result["heads"], "eval_heads.json")
+    atomic_text(out, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return result
