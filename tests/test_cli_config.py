@@ -1,11 +1,20 @@
-import dataclasses, pytest
+"""`heads.config.parse_cli`: a script's options as a config dataclass (flags, recipe file, key=value)."""
+
+import dataclasses
+
+import pytest
+
 from heads import config
+
 
 @dataclasses.dataclass
 class Inner:
     lr: float = 1e-3
+
     def __post_init__(self):
-        if self.lr <= 0: raise ValueError("inner.lr must be > 0")
+        if self.lr <= 0:
+            raise ValueError("inner.lr must be > 0")
+
 
 @dataclasses.dataclass
 class Opts:
@@ -15,15 +24,32 @@ class Opts:
     merge: bool = False
     inner: Inner = dataclasses.field(default_factory=Inner)
 
-def test_cli(tmp_path):
-    o = config.parse_cli(Opts, ["--heads", "a=b", "c", "--heads", "d", "--max-new-tokens", "7", "--merge", "inner.lr=0.5"])
-    assert o == Opts(heads=["a=b", "c", "d"], max_new_tokens=7, merge=True, inner=Inner(0.5))
-    y = tmp_path / "r.yaml"; y.write_text("max_new_tokens: 9\ndtype: bf16\n")
-    o = config.parse_cli(Opts, ["--config", str(y), "--dtype", "none"])
+
+def test_flags_lists_bools_and_nested_overrides():
+    argv = ["--heads", "a=b", "c", "--heads", "d", "--max-new-tokens", "7", "--merge", "inner.lr=0.5"]
+    assert config.parse_cli(Opts, argv) == Opts(
+        heads=["a=b", "c", "d"], max_new_tokens=7, merge=True, inner=Inner(0.5)
+    )
+    assert config.parse_cli(Opts, []) == Opts()
+
+
+def test_recipe_then_flags(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("max_new_tokens: 9\ndtype: bf16\n")
+    o = config.parse_cli(Opts, ["--config", str(recipe), "--dtype", "none"])
     assert o.max_new_tokens == 9 and o.dtype is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-new-tokens", "x"], "could not be converted to Integer"),
+        (["inner.lr=-1"], "inner.lr must be > 0"),
+        (["inner.lrr=1"], "did you mean 'inner.lr'"),
+    ],
+)
+def test_errors_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):
-        config.parse_cli(Opts, ["--max-new-tokens", "x"])
-    with pytest.raises(SystemExit):
-        config.parse_cli(Opts, ["inner.lr=-1"])
-    with pytest.raises(SystemExit):
-        config.parse_cli(Opts, ["inner.lrr=1"])
+        config.parse_cli(Opts, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1]
