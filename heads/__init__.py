@@ -1,7 +1,17 @@
-"""Draft heads grafted onto a frozen target LM. One file per head type; see `heads.base` for save/load."""
+"""Draft heads grafted onto a frozen target LM.
+
+One folder per head type (`heads.medusa`, `heads.eagle`, `heads.eagle3`: config, module, training loss,
+export/import formats), each registering its `heads.registry.HeadType` when imported; importing `heads`
+imports all three. Shared: `heads.base` (config base class, heads-only save/load), `heads.graft` (the
+frozen target), `heads.draft_layer` (the EAGLE decoder layer), `heads.convert` / `heads.formats`
+(engine formats), `heads.hub` / `heads.card` (Hub round trip, model card), `heads.guard`, `heads.io`,
+`heads.config`. docs/design.md §13 shows how to add a head type.
+"""
 
 from heads.base import HeadConfig, load_heads, save_heads
-from heads.convert import EXPORT_FORMATS, export_heads, import_heads
+
+# after the head types: the export tables are read from their registry entries
+from heads.convert import EXPORT_FORMATS, export_heads, import_heads  # noqa: E402,I001
 from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
 from heads.eagle3 import (
     Eagle3Config,

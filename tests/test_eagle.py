@@ -203,7 +203,7 @@ def test_train_forward_shift():
         seen.update(pred=pred, tgt=tgt, mask=mask)
         return eagle_loss(pred, tgt, lm_head, mask, *a, **k)
 
-    import heads.eagle as he
+    import heads.eagle.loss as he
 
     loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]])
     attn = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
