@@ -1,7 +1,7 @@
 """The one decoder layer of EAGLE-1/2 and EAGLE-3 drafts, and what both head types share around it.
 
-Shared by `heads.eagle` and `heads.eagle3` (one implementation each): the config helpers for a draft sized
-from the target (`resolve_draft_layer`, `target_config_dict`, ...), building the layer (`build_layer`:
+Shared by `heads.eagle` and `heads.eagle3` (one implementation each; their config helpers are in
+`heads.draft_config`): building the layer (`build_layer`:
 a Llama layer or one of the target's own architecture, `build_draft_layer`), the additive causal mask,
 the target's logit transform, and `DraftLayerMixin`: the RoPE module kept out of the module tree, the
 layer's name for its cache argument, a draft step's default positions and mask, ``for_target`` and the
@@ -38,7 +38,6 @@ RoPE at the same theta). Targets without RoPE (GPT-2) get theta 10000.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 import torch
@@ -226,68 +225,12 @@ def target_embed_scale(target: nn.Module) -> float | None:
     return exact if abs(exact - scale) <= 1e-2 * abs(exact) else scale
 
 
-# ---------------------------------------------------------------------------------------------- shared by EAGLE-1/2 and EAGLE-3
-
-
-def with_legacy_draft_layer(d: dict[str, Any]) -> dict[str, Any]:
-    """A saved EAGLE / EAGLE-3 config dict, with ``draft_layer: target`` where the key is missing
-    (heads saved before ``draft_layer`` existed had the target's own layer)."""
-    return d if "draft_layer" in d else {**d, "draft_layer": "target"}
-
-
-def resolve_draft_layer(config: Any) -> None:
-    """Validate ``config.draft_layer``; for ``"llama"`` resolve (or check) ``draft_layer_config`` once the
-    target is known. Shared by `heads.eagle.EagleConfig` and `heads.eagle3.Eagle3Config`."""
-    if config.draft_layer not in DRAFT_LAYERS:
-        raise ValueError(f"draft_layer must be one of {list(DRAFT_LAYERS)}, got {config.draft_layer!r}")
-    if config.draft_layer == "target":
-        if config.draft_layer_config is not None:
-            raise ValueError(
-                "draft_layer_config is only for draft_layer: llama (target layers use target_config)"
-            )
-        return
-    if config.draft_layer_config is None:
-        if config.target_config:
-            config.draft_layer_config = llama_layer_config(config.target_config, config.vocab_size)
-        return
-    check_llama_layer_config(config.draft_layer_config, config.hidden_size)
-
-
-def validate_target_config(target_config: Any) -> None:
-    """Raise ``ValueError`` unless ``target_config`` is a dict with a ``model_type`` (or empty: not set yet)."""
-    if not isinstance(target_config, dict):
-        raise ValueError(f"target_config must be a dict (the target's config), got {type(target_config)}")
-    if target_config and "model_type" not in target_config:
-        raise ValueError("target_config has no 'model_type': pass target.config.get_text_config().to_dict()")
-
-
-def validate_embed_scale(scale: Any) -> None:
-    """Raise ``ValueError`` unless ``scale`` (a config's ``embed_scale``) is None or a positive finite number."""
-    if scale is None:
-        return
-    if (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float))
-        or not math.isfinite(scale)
-        or scale <= 0
-    ):
-        raise ValueError(f"embed_scale must be a positive finite number or None, got {str(scale)[:60]!r}")
-
-
-def check_target_arch(config: Any, target: nn.Module) -> None:
-    """Raise ``ValueError`` if ``target`` is not of the architecture ``config.target_config`` describes."""
-    mt = target.config.get_text_config().model_type
-    want = config.target_config.get("model_type", "")
-    if mt != want:
-        raise ValueError(
-            f"{config.head_type} heads were trained for a {want!r} target ({config.base_model_name_or_path!r}) "
-            f"and do not fit target of architecture {mt!r}: heads fit only the target they were trained on"
-        )
-
-
 def target_config_dict(target: nn.Module) -> dict[str, Any]:
     """The target's text config as a dict, minus checkpoint-only keys (what ``target_config`` holds)."""
     return {k: v for k, v in target.config.get_text_config().to_dict().items() if k not in _NON_ARCH_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------- the layer of both head types
 
 
 def causal_mask(
@@ -403,6 +346,16 @@ class DraftLayerMixin:
 
     config: Any
     _cache_kwarg: str
+
+    def _new_layer(self, config: Any) -> tuple[nn.Module, nn.Module, Any]:
+        """Keep ``config`` (sized for a target, else a ``ValueError``) and build its layer (`build_layer`)."""
+        if config.hidden_size <= 0 or config.vocab_size <= 0 or not config.target_config:
+            raise ValueError(
+                f"{type(config).__name__} needs the target's hidden_size, vocab_size and target_config "
+                f"(use {type(self).__name__}.for_target)"
+            )
+        self.config = config
+        return build_layer(config)
 
     def _attach_layer(self, layer: nn.Module, rotary: nn.Module) -> None:
         """Keep ``rotary`` and note what ``layer.forward`` calls its cache argument (`CACHE_KWARGS`)."""

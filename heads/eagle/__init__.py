@@ -51,19 +51,21 @@ embedding and lm_head are the target's and are passed at call time.
 
 from __future__ import annotations
 
+from heads.draft_config import (
+    check_target_arch,
+    resolve_draft_layer,
+    target_config_dict,
+    validate_embed_scale,
+    validate_target_config,
+    with_legacy_draft_layer,
+)
 from heads.draft_layer import (
     build_draft_layer,
     build_layer,
     causal_mask,
-    check_target_arch,
     draft_llama_config,
-    resolve_draft_layer,
     soft_cap,
-    target_config_dict,
     target_logit_transform,
-    validate_embed_scale,
-    validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.eagle.config import EagleConfig
 from heads.eagle.formats import EXPORT_NOTES, EXPORTS, detect, import_state
@@ -85,7 +87,6 @@ register(
         export_notes=EXPORT_NOTES,
         title="EAGLE-1/2",
         tags=("eagle", "eagle-2"),
-        predicts=lambda k: f"draft token {k + 1}",
     )
 )
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from torch import nn
 
 from heads.base import HeadConfig
-from heads.draft_layer import (
+from heads.draft_config import (
     check_target_arch,
     resolve_draft_layer,
     validate_embed_scale,

@@ -7,7 +7,6 @@ from torch import Tensor, nn
 
 from heads.draft_layer import (
     DraftLayerMixin,
-    build_layer,
     cached_unroll,
     causal_mask,
     soft_cap,
@@ -22,14 +21,8 @@ class EagleHead(DraftLayerMixin, HubMixin, nn.Module):
 
     def __init__(self, config: EagleConfig) -> None:
         super().__init__()
-        if config.hidden_size <= 0 or config.vocab_size <= 0 or not config.target_config:
-            raise ValueError(
-                "EagleConfig needs the target's hidden_size, vocab_size and target_config "
-                "(use EagleHead.for_target)"
-            )
-        self.config = config
+        layer, rotary, layer_config = self._new_layer(config)
         H = config.hidden_size
-        layer, rotary, layer_config = build_layer(config)
         self.layer_config = layer_config
         self.fc = nn.Linear(2 * H, H, bias=config.bias)
         self.layers = nn.ModuleList([layer])  # keys `layers.0.*`, as EAGLE-1 checkpoints name them

@@ -83,7 +83,6 @@ register(
         export_notes=EXPORT_NOTES,
         title="EAGLE-3",
         tags=("eagle", "eagle-3"),
-        predicts=lambda k: f"draft token {k + 1}",
     )
 )
 

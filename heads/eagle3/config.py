@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.base import HeadConfig
-from heads.draft_layer import (
+from heads.draft_config import (
     check_target_arch,
     resolve_draft_layer,
     validate_embed_scale,

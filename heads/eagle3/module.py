@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from heads.draft_layer import DraftLayerMixin, build_layer, causal_mask
+from heads.draft_layer import DraftLayerMixin, causal_mask
 from heads.eagle3.attention import ATTN_IMPLEMENTATION, register_attention
 from heads.eagle3.config import Eagle3Config
 from heads.hub import HubMixin
@@ -39,14 +39,8 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
-        if config.hidden_size <= 0 or config.vocab_size <= 0 or not config.target_config:
-            raise ValueError(
-                "Eagle3Config needs the target's hidden_size, vocab_size and target_config "
-                "(use Eagle3Head.for_target)"
-            )
-        self.config = config
+        layer, rotary, layer_config = self._new_layer(config)
         H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab
-        layer, rotary, layer_config = build_layer(config)
         norm = getattr(layer, "post_attention_layernorm", None)  # the layer's norm class, eps and init
         if not isinstance(norm, nn.Module):
             raise NotImplementedError(
