@@ -9,9 +9,7 @@ frozen target), `heads.draft_layer` (the EAGLE decoder layer), `heads.convert` /
 """
 
 from heads.base import HeadConfig, load_heads, save_heads
-
-# after the head types: the export tables are read from their registry entries
-from heads.convert import EXPORT_FORMATS, export_heads, import_heads  # noqa: E402,I001
+from heads.convert import export_heads, import_heads
 from heads.eagle import EagleConfig, EagleHead, eagle_loss, eagle_train_forward
 from heads.eagle3 import (
     Eagle3Config,
@@ -25,6 +23,15 @@ from heads.graft import TargetOutput, freeze, load_target, run_target, target_di
 from heads.hub import HubMixin, push_heads_dir
 from heads.medusa import MedusaConfig, MedusaHeads
 from heads.registry import REGISTRY, HeadType
+
+
+def __getattr__(name: str):
+    if name == "EXPORT_FORMATS":  # read from the registry when asked for (`heads.convert.export_formats`)
+        from heads.convert import export_formats
+
+        return export_formats()
+    raise AttributeError(f"module 'heads' has no attribute {name!r}")
+
 
 __all__ = [
     "EXPORT_FORMATS",

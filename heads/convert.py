@@ -42,16 +42,16 @@ from heads.formats import cpu_state, read_state_file
 from heads.io import atomic_text, atomic_write
 from heads.registry import REGISTRY, Exported, ExportInputs
 
-__all__ = [
-    "EXPORT_FORMATS",
-    "SUPPORTED_EXPORTS",
+__all__ = [  # and EXPORT_FORMATS, SUPPORTED_EXPORTS (`__getattr__`)
     "detect_format",
+    "export_formats",
     "export_heads",
     "export_state",
     "import_heads",
     "needs_embed_scale",
     "needs_target_weights",
     "read_state_file",
+    "supported_exports",
 ]
 
 
@@ -60,9 +60,19 @@ def supported_exports() -> dict[str, tuple[str, ...]]:
     return {name: tuple(entry.exports) for name, entry in REGISTRY.items() if entry.exports}
 
 
-# The built-in head types are registered when `heads` is imported, before this module is.
-SUPPORTED_EXPORTS: dict[str, tuple[str, ...]] = supported_exports()
-EXPORT_FORMATS = tuple(dict.fromkeys(f for formats in SUPPORTED_EXPORTS.values() for f in formats))
+def export_formats() -> tuple[str, ...]:
+    """Every format name some registered head type exports to."""
+    return tuple(dict.fromkeys(f for formats in supported_exports().values() for f in formats))
+
+
+def __getattr__(name: str) -> Any:
+    # ``EXPORT_FORMATS`` / ``SUPPORTED_EXPORTS`` are read from the registry when asked for, so they hold
+    # every registered head type whatever the import order (PEP 562 module attributes).
+    if name == "EXPORT_FORMATS":
+        return export_formats()
+    if name == "SUPPORTED_EXPORTS":
+        return supported_exports()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def needs_target_weights(heads: nn.Module, to: str) -> bool:

@@ -18,7 +18,7 @@ The layer the serving engines know is a Llama decoder layer sized from the targe
   heads are servable whatever the target's architecture (GPT-2, GPT-NeoX, Falcon, Cohere, Phi, Gemma-3,
   mixtures of experts, ...). The config is resolved once (`llama_layer_config`) and stored in the heads
   config as ``draft_layer_config``; `draft_llama_config` returns it, for exports.
-- ``"target"``: a layer of the target's own architecture (`heads.eagle.build_draft_layer`), for targets
+- ``"target"``: a layer of the target's own architecture (`heads.draft_layer.build_draft_layer`), for targets
   whose engine has a native draft class. Heads saved before ``draft_layer`` existed load as ``"target"``.
 
 Sizing, from the target's text config (read through its own config class, so GPT-2's ``n_embd`` /

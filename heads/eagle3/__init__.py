@@ -23,7 +23,7 @@ warning that no engine serves such heads; heads saved before ids were checked lo
 
 **The layer** (``Eagle3Config.draft_layer``, see `heads.draft_layer`): a Llama decoder layer sized from
 the target (``"llama"``, the default, as SpecForge and speculators build it), or one decoder layer of the
-target's own architecture (``"target"``, built by `heads.eagle.build_draft_layer`, so RoPE, head_dim,
+target's own architecture (``"target"``, built by `heads.draft_layer.build_draft_layer`, so RoPE, head_dim,
 q/k norms, biases and soft-capping match; the layer needs a ``post_attention_layernorm``, which Cohere's
 and Phi's parallel blocks lack). Its q/k/v (or Phi-3's fused qkv) projections are widened to take 2H,
 and its ``input_layernorm`` is replaced by the fusion ``cat(input_norm(emb), hidden_norm(g))``; the
