@@ -145,7 +145,7 @@ def parse_cli(
             continue
         flag, helptext = "--" + f.name.replace("_", "-"), f.metadata.get("help")
         if _is_bool(hints[f.name]):
-            group = parser.add_mutually_exclusive_group()
+            group = parser.add_mutually_exclusive_group() if f.metadata.get("false_flag") else parser
             group.add_argument(
                 flag,
                 dest=f.name,
