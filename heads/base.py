@@ -11,13 +11,34 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from heads import registry
-from heads.guard import short_list
+from heads.graft import adapter_fingerprint, adapter_info, looks_local, target_dims
+from heads.guard import (
+    check_sizes,
+    check_weights_header,
+    identity_problems,
+    inside,
+    short_list,
+    target_architecture,
+    target_fingerprint,
+)
 from heads.io import atomic_write
 
 CONFIG_NAME = "config.json"
@@ -42,8 +63,6 @@ INFERENCE_NAME = "inference.json"  # written by `infer.tune_tree`
 
 
 def library_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("selfspec")
     except PackageNotFoundError:
@@ -114,8 +133,6 @@ class HeadConfig:
 
     def check_target(self, target: nn.Module) -> None:
         """Raise ``ValueError`` if these heads were trained for a target of another shape."""
-        from heads.graft import target_dims
-
         vocab, hidden = target_dims(target)
         problems = []
         if self.vocab_size != vocab:
@@ -136,8 +153,6 @@ class HeadConfig:
         A local adapter's path is kept for the record (and scrubbed from uploads: `heads.hub.scrub`), but
         loading never follows it: only an adapter inside the heads directory or a Hub id is applied from
         the config (`adapter_location`); for any other, pass ``adapter=``."""
-        from heads.graft import adapter_info
-
         info = adapter_info(target) or {}
         self.target_adapter = info.get("name_or_path")
         self.target_adapter_sha256 = info.get("sha256")
@@ -145,8 +160,6 @@ class HeadConfig:
     def record_target(self, target: nn.Module) -> None:
         """Note which target these heads are made for: its adapter (`record_adapter`), its model class and
         model_type, and the fingerprint of its embedding and lm_head (`heads.guard.target_fingerprint`)."""
-        from heads.guard import target_architecture, target_fingerprint
-
         self.record_adapter(target)
         self.target_architecture, self.target_model_type = target_architecture(target)
         self.target_fingerprint = target_fingerprint(target)
@@ -156,8 +169,6 @@ class HeadConfig:
         different architecture, or other embedding / lm_head weights, even with the same sizes. Outputs
         would still be the target's own, but the heads would draft for another model: acceptance, and so
         the speedup, would be lost. ``allow_other_target=True`` turns the error into a warning."""
-        from heads.guard import identity_problems
-
         problems = identity_problems(self, target)
         if not problems:
             return
@@ -168,7 +179,6 @@ class HeadConfig:
         )
         if not allow_other_target:
             raise ValueError(text + "; pass allow_other_target=True to use them anyway")
-        import warnings
 
         warnings.warn(text, stacklevel=3)
 
@@ -180,8 +190,6 @@ class HeadConfig:
         the hash of their weights when both are known, else by their Hub ids; an adapter of unknown
         origin (a ``PeftModel`` built by the caller) is accepted for heads that recorded one.
         """
-        from heads.graft import adapter_info
-
         info = adapter_info(target)
         base = self.base_model_name_or_path
         if self.target_adapter is None and info is None:
@@ -222,8 +230,6 @@ def adapter_location(directory: str | None, recorded: str) -> str:
     Nothing else: the config is data from a checkpoint, so an absolute path, a ``..`` escape or a symlink
     out of the directory is a ``ValueError`` (`heads.guard.inside`), and a name that is neither inside
     the directory nor a Hub id is a ``FileNotFoundError`` asking for ``adapter=``."""
-    from heads.guard import inside
-
     if not isinstance(recorded, str) or not recorded:
         raise ValueError(f"the heads' target_adapter must be a relative path or a Hub id, got {recorded!r}")
     where = f"in {directory!r}" if directory is not None else "(heads given as a module: pass adapter=)"
@@ -251,8 +257,6 @@ def adapter_location(directory: str | None, recorded: str) -> str:
 
 def save_heads(heads: nn.Module, output_dir: str, extra_files: dict[str, str] | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` (heads' own tensors only) to ``output_dir``."""
-    from safetensors.torch import save_file
-
     os.makedirs(output_dir, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
     atomic_write(
@@ -277,8 +281,6 @@ def resolve_dir(
     Offline (``HF_HUB_OFFLINE=1`` or ``local_files_only=True``) the cached snapshot of ``revision``
     (a branch, tag or commit; None = main) is used. Errors name the id, the revision and what to do.
     """
-    from heads.graft import looks_local
-
     expanded = os.path.expanduser(path_or_id)
     if os.path.isdir(expanded):
         if revision is not None:
@@ -288,14 +290,6 @@ def resolve_dir(
         return expanded
     if looks_local(path_or_id):
         raise FileNotFoundError(f"heads directory not found: {path_or_id!r}")
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     what = f"heads {path_or_id!r}" + (f" at revision {revision!r}" if revision else "")
     try:
@@ -333,8 +327,6 @@ def resolve_dir(
 
 def read_config(directory: str) -> dict[str, Any]:
     """The ``config.json`` of a heads directory as a dict (a file inside it: `heads.guard.inside`)."""
-    from heads.guard import inside
-
     path = inside(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} is missing: not a selfspec heads checkpoint")
@@ -368,15 +360,10 @@ def load_heads(
     is built, files must be inside the directory, and heads that recorded their target
     (`HeadConfig.record_target`) refuse another one unless ``allow_other_target=True``.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from heads.guard import check_sizes, check_weights_header, inside
-
     directory = resolve_dir(path_or_id, revision)
     raw = read_config(directory)
     if "head_type" not in raw:  # Medusa / EAGLE / EAGLE-3 in the original or an engine's layout
-        from heads.convert import import_heads
+        from heads.convert import import_heads  # a cycle: heads.convert imports this module
 
         heads = import_heads(directory, raw, target)
         if target is not None:
@@ -393,8 +380,6 @@ def load_heads(
     config = config_cls.from_dict(raw)
     adapter_dir = _stored_adapter(directory, config.target_adapter)
     if config.target_adapter_sha256 is None and adapter_dir is not None:
-        from heads.graft import adapter_fingerprint
-
         config.target_adapter_sha256 = adapter_fingerprint(adapter_dir)  # the adapter saved with the heads
     if target is not None:
         config.check_target(target)
@@ -419,8 +404,6 @@ def load_heads(
 def _stored_adapter(directory: str, recorded: str | None) -> str | None:
     """The adapter directory saved inside the heads directory that ``target_adapter`` names, or None
     (not recorded, a Hub id, or not there). A recorded path that leaves the directory is never used."""
-    from heads.guard import inside
-
     if not recorded:
         return None
     try:

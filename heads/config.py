@@ -125,25 +125,38 @@ def parse_cli(
     field's ``metadata["help"]``. ``--config FILE.yaml`` loads a recipe, and positional ``key=value``
     tokens override any (also nested) field. Precedence: defaults <- ``--config`` <- flags <- ``key=value``.
     ``none``/``null`` as a flag value means None. Errors are one line (argparse's, or `load`'s).
+
+    Field metadata may also say ``"positional": True`` (a required positional argument, in field order,
+    before the ``key=value`` tokens) and, for a bool, ``"false_flag": "--other"`` (a second flag that sets
+    it False, exclusive with the first: ``--private`` / ``--public``).
     """
     hints = typing.get_type_hints(cls)
     parser = argparse.ArgumentParser(prog=prog, description=description or (cls.__doc__ or "").split("\n")[0])
     parser.add_argument("--config", default=None, help="a YAML recipe for these options")
+    fields = [f for f in dataclasses.fields(cls) if f.init and not dataclasses.is_dataclass(hints[f.name])]
+    for f in fields:  # nested configs are set with key=value
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, type=_value, help=f.metadata.get("help"))
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="set any option, e.g. max_new_tokens=64"
     )
-    for f in dataclasses.fields(cls):
-        if not f.init or dataclasses.is_dataclass(hints[f.name]):
-            continue  # nested configs are set with key=value
+    for f in fields:
+        if f.metadata.get("positional"):
+            continue
         flag, helptext = "--" + f.name.replace("_", "-"), f.metadata.get("help")
         if _is_bool(hints[f.name]):
-            parser.add_argument(
+            group = parser.add_mutually_exclusive_group() if f.metadata.get("false_flag") else parser
+            group.add_argument(
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
                 help=helptext,
             )
+            if f.metadata.get("false_flag"):
+                group.add_argument(
+                    f.metadata["false_flag"], dest=f.name, action="store_false", default=argparse.SUPPRESS
+                )
         elif _is_list(hints[f.name]):
             parser.add_argument(
                 flag,

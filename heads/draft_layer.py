@@ -1,4 +1,13 @@
-"""The EAGLE / EAGLE-3 draft layer that the serving engines know: a Llama decoder layer sized from the target.
+"""The one decoder layer of EAGLE-1/2 and EAGLE-3 drafts, and what both head types share around it.
+
+Shared by `heads.eagle` and `heads.eagle3` (one implementation each; their config helpers are in
+`heads.draft_config`): building the layer (`build_layer`:
+a Llama layer or one of the target's own architecture, `build_draft_layer`), the additive causal mask,
+the target's logit transform, and `DraftLayerMixin`: the RoPE module kept out of the module tree, the
+layer's name for its cache argument, a draft step's default positions and mask, ``for_target`` and the
+cache-based training-time-test unroll (`cached_unroll`).
+
+The layer the serving engines know is a Llama decoder layer sized from the target.
 
 ``heads.options.draft_layer`` picks the decoder layer inside `heads.eagle.EagleHead` and
 `heads.eagle3.Eagle3Head`:
@@ -9,7 +18,7 @@
   heads are servable whatever the target's architecture (GPT-2, GPT-NeoX, Falcon, Cohere, Phi, Gemma-3,
   mixtures of experts, ...). The config is resolved once (`llama_layer_config`) and stored in the heads
   config as ``draft_layer_config``; `draft_llama_config` returns it, for exports.
-- ``"target"``: a layer of the target's own architecture (`heads.eagle.build_draft_layer`), for targets
+- ``"target"``: a layer of the target's own architecture (`heads.draft_layer.build_draft_layer`), for targets
   whose engine has a native draft class. Heads saved before ``draft_layer`` existed load as ``"target"``.
 
 Sizing, from the target's text config (read through its own config class, so GPT-2's ``n_embd`` /
@@ -28,12 +37,18 @@ RoPE at the same theta). Targets without RoPE (GPT-2) get theta 10000.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PretrainedConfig
+
+from heads.graft import target_dims
 
 DRAFT_LAYERS = ("llama", "target")
+# What the decoder layer calls its KV-cache argument, newest transformers first.
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 DEFAULT_ROPE_THETA = 10000.0
 _NON_ARCH_KEYS = ("_name_or_path", "architectures", "transformers_version", "id2label", "label2id")
 # Bounds on a recorded draft layer config read from a file, checked before anything is allocated.
@@ -45,8 +60,6 @@ def target_config_object(target_config: dict[str, Any]):
     """The target's text config dict as its own transformers config class (for its attribute aliases,
     e.g. GPT-2's ``n_embd`` read as ``hidden_size``); a plain ``PretrainedConfig`` for a model type this
     transformers does not know (a remote-code model), which then must use the standard key names."""
-    from transformers import AutoConfig, PretrainedConfig
-
     d = {k: v for k, v in target_config.items() if k not in _NON_ARCH_KEYS}
     model_type = d.pop("model_type", None)
     if not model_type:
@@ -171,11 +184,9 @@ def draft_llama_config(config) -> dict[str, Any]:
 def build_llama_layer(layer_config: dict[str, Any]) -> tuple[nn.Module, nn.Module, Any]:
     """(``LlamaDecoderLayer``, ``LlamaRotaryEmbedding``, its ``LlamaConfig``) from `llama_layer_config`'s dict.
 
-    Built through `heads.eagle.build_draft_layer` (a one-layer, 8-token ``LlamaForCausalLM`` whose layer 0
-    and rotary module are kept, initialised as Llama initialises them); ``input_layernorm`` is Identity.
+    Built through `build_draft_layer` (a one-layer, 8-token ``LlamaForCausalLM`` whose layer 0 and
+    rotary module are kept, initialised as Llama initialises them); ``input_layernorm`` is Identity.
     """
-    from heads.eagle import build_draft_layer
-
     return build_draft_layer(layer_config)
 
 
@@ -212,3 +223,229 @@ def target_embed_scale(target: nn.Module) -> float | None:
         return scale
     exact = float(torch.as_tensor(stated).to(w.dtype))
     return exact if abs(exact - scale) <= 1e-2 * abs(exact) else scale
+
+
+def target_config_dict(target: nn.Module) -> dict[str, Any]:
+    """The target's text config as a dict, minus checkpoint-only keys (what ``target_config`` holds)."""
+    return {k: v for k, v in target.config.get_text_config().to_dict().items() if k not in _NON_ARCH_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------- the layer of both head types
+
+
+def causal_mask(
+    attention_mask: Tensor | None, T: int, past_len: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """[B or 1, 1, T, past_len + T] additive causal mask (0 allowed, ``finfo.min`` not); ``attention_mask``
+    [B, past_len + T] (1 = real) also hides padded keys."""
+    S = past_len + T
+    q = torch.arange(T, device=device)[:, None] + past_len
+    k = torch.arange(S, device=device)[None, :]
+    allowed = (k <= q)[None, None]  # [1, 1, T, S]
+    if attention_mask is not None:
+        if attention_mask.shape[-1] != S:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} keys, expected {S}")
+        allowed = allowed & attention_mask.bool()[:, None, None, :]
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
+def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Module, Any]:
+    """(decoder layer, rotary embedding, 1-layer config) of the target's architecture.
+
+    A 1-layer, 8-token-vocab copy of the target's causal LM is instantiated from the target's config
+    class (cheap: its embedding and lm_head are tiny) and its layer 0 and rotary module are kept; they
+    come out initialised the way the architecture initialises them. Architectures whose decoder layer
+    does not take ``(hidden_states, attention_mask, position_ids, cache, position_embeddings)`` with
+    RoPE computed outside the layer (GPT-2, ...) raise ``NotImplementedError`` pointing to
+    ``draft_layer: llama``. (The cache argument may also be called ``past_key_values``, as in
+    transformers releases before the rename.) `build_llama_layer` calls this with a
+    Llama config dict.
+    """
+    d = {k: v for k, v in target_config.items() if k not in _NON_ARCH_KEYS}
+    model_type = d.pop("model_type", None)
+    if not model_type:
+        raise ValueError("target_config has no 'model_type'")
+    d.update(num_hidden_layers=1, vocab_size=8, pad_token_id=None, tie_word_embeddings=False)
+    if "layer_types" in d:
+        d["layer_types"] = ["full_attention"]
+    if "use_sliding_window" in d:
+        d["use_sliding_window"] = False
+    if "sliding_window" in d and "layer_types" not in d:
+        d["sliding_window"] = None  # Mistral/Phi-3 pass it to the kernel directly; the draft attends in full
+    try:
+        cfg = AutoConfig.for_model(model_type, **d)
+    except (ValueError, KeyError) as e:
+        raise NotImplementedError(
+            f"EAGLE heads: unknown target architecture {model_type!r}: {e}; use heads.options.draft_layer: llama"
+        ) from e
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    base = model.base_model
+    layers = getattr(base, "layers", None)
+    rotary = getattr(base, "rotary_emb", None)
+    problem = None
+    if not isinstance(layers, nn.ModuleList) or len(layers) != 1:
+        problem = "its decoder has no `layers` list"
+    elif rotary is None:
+        problem = "its decoder computes no rotary embedding outside the layers (`rotary_emb`)"
+    elif not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+        problem = f"its {type(rotary).__name__} has per-layer-type RoPE tables (no single `inv_freq`)"
+    else:
+        params = inspect.signature(layers[0].forward).parameters
+        missing = [p for p in ("attention_mask", "position_embeddings") if p not in params]
+        if not any(p in params for p in CACHE_KWARGS):
+            missing.append("cache")
+        if missing:
+            problem = f"its decoder layer {type(layers[0]).__name__}.forward does not take {missing}"
+        elif not isinstance(getattr(layers[0], "input_layernorm", None), nn.Module):
+            problem = f"its decoder layer {type(layers[0]).__name__} has no `input_layernorm`"
+    if problem:
+        raise NotImplementedError(
+            f"a draft layer of the target's own {model_type!r} architecture ({type(model).__name__}) is not "
+            f"supported: {problem}; use heads.options.draft_layer: llama (a Llama layer, for any target)"
+        )
+    layer = layers[0]
+    layer.input_layernorm = nn.Identity()
+    return layer, rotary, cfg
+
+
+def soft_cap(logits: Tensor, cap: float | None) -> Tensor:
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
+def target_logit_transform(target_config: dict[str, Any]) -> tuple[float, float | None]:
+    """(scale, soft-cap) the target applies to ``lm_head(h)``: logits = softcap(scale · lm_head(h)).
+
+    Cohere multiplies by ``logit_scale``, Granite divides by ``logits_scaling``, Gemma2 soft-caps with
+    ``final_logit_softcapping``; (1.0, None) for the rest.
+    """
+    tc = target_config_object(target_config)
+    scale = float(getattr(tc, "logit_scale", None) or 1.0)
+    if getattr(tc, "logits_scaling", None):
+        scale /= float(tc.logits_scaling)
+    return scale, getattr(tc, "final_logit_softcapping", None)
+
+
+def build_layer(config: Any) -> tuple[nn.Module, nn.Module, Any]:
+    """The (layer, rotary, layer config) ``config.draft_layer`` names, checked against ``hidden_size``."""
+    if config.draft_layer == "llama":
+        layer, rotary, layer_config = build_llama_layer(draft_llama_config(config))
+    else:
+        layer, rotary, layer_config = build_draft_layer(config.target_config)
+    if layer_config.hidden_size != config.hidden_size:
+        raise ValueError(
+            f"the draft layer's hidden_size {layer_config.hidden_size} != the heads' hidden_size {config.hidden_size}"
+        )
+    return layer, rotary, layer_config
+
+
+
+class DraftLayerMixin:
+    """What `heads.eagle.EagleHead` and `heads.eagle3.Eagle3Head` share around their one decoder layer."""
+
+    config: Any
+    _cache_kwarg: str
+
+    def _new_layer(self, config: Any) -> tuple[nn.Module, nn.Module, Any]:
+        """Keep ``config`` (sized for a target, else a ``ValueError``) and build its layer (`build_layer`)."""
+        if config.hidden_size <= 0 or config.vocab_size <= 0 or not config.target_config:
+            raise ValueError(
+                f"{type(config).__name__} needs the target's hidden_size, vocab_size and target_config "
+                f"(use {type(self).__name__}.for_target)"
+            )
+        self.config = config
+        return build_layer(config)
+
+    def _attach_layer(self, layer: nn.Module, rotary: nn.Module) -> None:
+        """Keep ``rotary`` and note what ``layer.forward`` calls its cache argument (`CACHE_KWARGS`)."""
+        # RoPE tables: kept out of the module tree so `.to(bfloat16)` never rounds inv_freq (its buffers are
+        # non-persistent anyway, so nothing of it is saved); moved to the input's device on first use.
+        self.__dict__["rotary_emb"] = rotary
+        params = inspect.signature(layer.forward).parameters
+        self._cache_kwarg = next(p for p in CACHE_KWARGS if p in params)
+
+    @classmethod
+    def _new_for_target(cls, config_cls: type, target: nn.Module, **kwargs: Any) -> nn.Module:
+        """A fresh head of ``config_cls`` for ``target``: its architecture, sizes and embedding scale, on its
+        device and in its dtype (``for_target`` of both head types)."""
+        vocab, hidden = target_dims(target)
+        name = getattr(target.config, "_name_or_path", None) or None
+        kwargs.setdefault("embed_scale", target_embed_scale(target))
+        config = config_cls(
+            hidden_size=hidden,
+            vocab_size=vocab,
+            base_model_name_or_path=name,
+            target_config=target_config_dict(target),
+            **kwargs,
+        )
+        p = target.get_output_embeddings().weight
+        return cls(config).to(device=p.device, dtype=p.dtype)  # type: ignore[call-arg]
+
+    @staticmethod
+    def _step_inputs(
+        T: int, cache, position_ids: Tensor | None, attention_mask: Tensor | None, dtype: torch.dtype, device
+    ) -> tuple[Tensor, Tensor]:
+        """(position_ids [B or 1, T], additive mask [B or 1, 1, T, past_len + T]) of one draft step over T
+        pairs after the ``cache``'s past_len: ``past_len + arange(T)`` and `causal_mask` (with a 2D padding
+        mask) unless given; a 4D mask is used as given (tree drafting)."""
+        past_len = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = (torch.arange(T, device=device) + past_len)[None]
+        if attention_mask is None or attention_mask.dim() == 2:
+            attention_mask = causal_mask(attention_mask, T, past_len, dtype, device)
+        else:
+            attention_mask = attention_mask.to(dtype)
+        return position_ids, attention_mask
+
+    def _call_layer(
+        self, layer: nn.Module, h: Tensor, position_ids: Tensor, attention_mask: Tensor, cache, **extra: Any
+    ) -> Tensor:
+        """``layer(h)`` with RoPE of ``position_ids`` computed outside it, as the decoder layers take it."""
+        rotary = self.__dict__["rotary_emb"]
+        if rotary.inv_freq.device != h.device:
+            rotary.to(h.device)
+        return layer(
+            h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            position_embeddings=rotary(h, position_ids),
+            **{self._cache_kwarg: cache},
+            **extra,
+        )
+
+
+def cached_unroll(
+    head: nn.Module, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
+) -> Tensor:
+    """The training-time-test unroll of an EAGLE draft (EAGLE-3 paper, §3.3) on its own features, through the
+    head's ordinary forward with a KV cache: [K, B, N, H] outputs o^j_k, K = ``steps``.
+
+    input_ids: [B, N + K - 1] with input_ids[:, k] = x_{k+1} (step j reads input_ids[:, j : j + N]);
+    features: [B, N, F] the target's features of the N pairs (last hidden state for EAGLE-1/2, the aux
+    states for EAGLE-3); pair_mask: [B, N] (1 = both tokens of the pair are real) or None (all real).
+    Step 0 runs the pairs (x_{k+1}, f_k) causally at positions k; step j >= 1 runs (x_{k+1+j}, o^{j-1}_k)
+    at position k + j and attends to the step-0 keys of pairs <= k and to pair k's own keys at steps
+    1..j: the attention a depth-(j+1) tree path gets at inference (``infer.eagle_draft``). Output j at
+    pair k predicts the feature whose logits score token k+2+j. Memory O(K² N²) for the masks.
+    """
+    B, N = features.shape[:2]
+    if input_ids.shape != (B, N + steps - 1):
+        raise ValueError(f"TTT input_ids must be [B, N + K - 1] = {(B, N + steps - 1)}, got {input_ids.shape}")
+    device, dtype = features.device, head.fc.weight.dtype
+    pair = pair_mask.bool() if pair_mask is not None else torch.ones(B, N, dtype=torch.bool, device=device)
+    cache = DynamicCache()
+    out = head(input_ids[:, :N], features, embed, attention_mask=pair.long(), cache=cache)
+    outs = [out]
+    k = torch.arange(N, device=device)
+    prefix = (k[None, :] <= k[:, None])[None] & pair[:, None, :]  # [B, N, N] step-0 keys
+    eye = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N)
+    neg = torch.finfo(dtype).min
+    for j in range(1, steps):
+        allowed = torch.cat([prefix] + [eye] * j, 2)  # step 0, steps 1..j-1, this step
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)
+        out = head(
+            input_ids[:, j : j + N], out, embed, position_ids=(k + j)[None], attention_mask=mask[:, None], cache=cache
+        )
+        outs.append(out)
+    return torch.stack(outs)

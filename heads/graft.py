@@ -13,13 +13,18 @@ norm, so ``lm_head(hidden_states[-1])`` gives the logits (before any final soft-
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from safetensors import safe_open
 from torch import Tensor, nn
+from transformers import AutoModelForCausalLM
 
 
 @dataclass
@@ -110,8 +115,6 @@ def load_target(
     ``PeftModel`` (W x + B A x computed apart). Either way the model remembers which adapter it carries
     (`adapter_info`), so heads trained on it can check they get the same adapted target.
     """
-    from transformers import AutoModelForCausalLM
-
     name_or_path = resolve_demo_target(name_or_path)
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise FileNotFoundError(f"target model directory not found: {name_or_path!r}")
@@ -173,8 +176,6 @@ def adapter_weights_file(adapter: str, revision: str | None = None) -> str | Non
         )
     if looks_local(adapter):
         return None
-    from huggingface_hub import try_to_load_from_cache
-
     for f in ADAPTER_WEIGHTS:
         hit = try_to_load_from_cache(adapter, f, revision=revision)
         if isinstance(hit, str):
@@ -188,8 +189,6 @@ def adapter_fingerprint(adapter: str, revision: str | None = None) -> str | None
     Two adapters with the same fingerprint are the same weights whatever their path or name, which
     is what heads trained on an adapted target need to know.
     """
-    import hashlib
-
     path = adapter_weights_file(adapter, revision)
     if path is None:
         return None
@@ -208,8 +207,7 @@ def _unloaded_modules(peft_model: nn.Module, weights: str | None) -> list[str]:
     """
     if weights is None or not weights.endswith(".safetensors"):
         return []
-    from peft import get_peft_model_state_dict
-    from safetensors import safe_open
+    from peft import get_peft_model_state_dict  # heavy, and only adapted targets need it
 
     with safe_open(weights, "pt") as f:
         saved = set(f.keys())
@@ -236,9 +234,7 @@ def _apply_adapter(
 ) -> nn.Module:
     """``PeftModel.from_pretrained(model, adapter)`` with errors that name the adapter and the target:
     weights of other shapes (an adapter for another base model) and LoRA modules the target lacks."""
-    import warnings
-
-    from peft import PeftConfig, PeftModel
+    from peft import PeftConfig, PeftModel  # heavy, and only adapted targets need it
 
     local = os.path.expanduser(adapter)
     if looks_local(adapter) or os.path.isdir(local):

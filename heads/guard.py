@@ -31,7 +31,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
+
+from heads.graft import unwrap_peft
 
 # Bounds on the sizes a heads config may state. Generous against today's models (vocabularies up to
 # ~262k, hidden sizes up to ~16k, Medusa 4-5 heads of 1 layer, EAGLE-3 7 TTT steps), small enough that
@@ -182,8 +185,6 @@ def check_sizes(raw: dict[str, Any], where: str) -> None:
 
 def header_shapes(path: str) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} from a safetensors file's header; no tensor is read."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(path, "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -261,8 +262,6 @@ def target_fingerprint(target: nn.Module) -> dict[str, Any] | None:
 
 def target_architecture(target: nn.Module) -> tuple[str, str]:
     """(model class name, model_type) of the target, a PEFT wrapper looked through."""
-    from heads.graft import unwrap_peft
-
     inner = unwrap_peft(target)
     return type(inner).__name__, str(getattr(target.config.get_text_config(), "model_type", ""))
 

@@ -15,9 +15,13 @@ What an entry carries:
   `infer` keeps the name -> class table.
 - ``tree``: what a tuned inference setting holds for these heads: ``"static"`` (rank paths) or
   ``"dynamic"`` (an EAGLE-2 budget: total_tokens, depth, draft_top_k).
-- ``exports``: export format name -> ``fn(heads, target=None) -> (state, config_dict)`` (engine formats).
-- ``import_state``: ``fn(directory, raw_config, target) -> module`` for foreign checkpoints of this
-  method, or None.
+- ``exports``: export format name -> `ExportFormat` (the mapping to an engine's layout; `heads.convert`).
+- ``export_notes``: format name -> why this head type does not export to it (said in the refusal).
+- ``detect``: ``fn(raw_config) -> format name or None``: which of this method's foreign layouts a
+  ``config.json`` without selfspec's ``head_type`` is (`heads.convert.detect_format` asks every entry);
+  ``import_state``: ``fn(directory, raw_config, target) -> module`` reads such a checkpoint, or None.
+- ``title``, ``tags``, ``predicts``: the model card's name of the method, its Hub tags, and what draft
+  position k predicts (a row label of the card's accuracy table, `heads.card`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,50 @@ class Objective:
 
 
 @dataclass(frozen=True)
+class ExportInputs:
+    """What an export may need besides the heads' state and config dict.
+
+    target_lm_head: the target's lm_head weight [V, H] in the heads' dtype (checked against their sizes),
+    or None; target: the target model or None; speculative_tokens: the proposal length a format records.
+    """
+
+    target_lm_head: Tensor | None = None
+    target: nn.Module | None = None
+    speculative_tokens: int = 3
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One exported checkpoint: ``config.json``'s dict, the tensors, the weights file name, and
+    ``pickle_copy``: a name under which the tensors are also written with ``torch.save`` (for a loader
+    that reads only that file), or None."""
+
+    config: dict[str, Any]
+    state: dict[str, Tensor]
+    weights_name: str = "model.safetensors"
+    pickle_copy: str | None = None
+
+
+def _never(cfg: dict[str, Any]) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """An export of one head type to one engine format.
+
+    write(state, cfg, inputs) -> `Exported`: ``state`` the heads' detached tensors, ``cfg`` their
+        ``config.json`` dict, ``inputs`` an `ExportInputs`.
+    needs_lm_head(cfg): the format must hold the target's lm_head (so the target must be loaded).
+    needs_embed_scale(cfg): the export needs the target's embedding scale, which these heads do not record.
+    """
+
+    write: Callable[[dict[str, Tensor], dict[str, Any], ExportInputs], Exported]
+    needs_lm_head: Callable[[dict[str, Any]], bool] = _never
+    needs_embed_scale: Callable[[dict[str, Any]], bool] = _never
+
+
+@dataclass(frozen=True)
 class HeadType:
     name: str
     config: type
@@ -72,8 +120,13 @@ class HeadType:
     objective: Objective
     proposer: str
     tree: str
-    exports: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    exports: dict[str, ExportFormat] = field(default_factory=dict)
     import_state: Callable[..., nn.Module] | None = None
+    detect: Callable[[dict[str, Any]], str | None] | None = None
+    export_notes: dict[str, str] = field(default_factory=dict)
+    title: str = ""
+    tags: tuple[str, ...] = ()
+    predicts: Callable[[int], str] | None = None
 
     def __post_init__(self) -> None:
         if self.tree not in ("static", "dynamic"):

@@ -203,7 +203,7 @@ def test_train_forward_shift():
         seen.update(pred=pred, tgt=tgt, mask=mask)
         return eagle_loss(pred, tgt, lm_head, mask, *a, **k)
 
-    import heads.eagle as he
+    import heads.eagle.loss as he
 
     loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]])
     attn = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
@@ -473,3 +473,82 @@ def test_dynamic_options_are_for_eagle_only():
         infer.SpecModel(m, MedusaHeads.for_target(m)).proposer(depth=3)
     with pytest.raises(ValueError, match="dynamic"):
         infer.SpecModel(m, fresh_head("llama")).proposer(tree=[[0]])
+
+
+# ---------------------------------------------------------------------------------------------- TTT unroll
+
+
+def _unroll_eagle_copy(head, embed, input_ids, feats, attention_mask, steps):
+    """A verbatim copy of scripts/eval_heads.py's private ``unroll_eagle`` (before it calls
+    ``head.ttt_unroll``): the reference `EagleHead.ttt_unroll` must reproduce."""
+    from transformers import DynamicCache
+
+    B, T = input_ids.shape
+    N = T - 1
+    dtype = head.fc.weight.dtype
+    am = attention_mask.bool()
+    pair = am[:, :-1] & am[:, 1:]  # [B, N] pair k needs tokens k and k+1
+    toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, max(steps - 1, 0))], 1)  # [B, N+steps-1]
+    cache = DynamicCache()
+    out = head(toks[:, :N], feats[:, :-1], embed, attention_mask=pair.long(), cache=cache)
+    outs = [out]
+    k = torch.arange(N, device=input_ids.device)
+    prefix = (k[None, :] <= k[:, None])[None] & pair[:, None, :]  # [B, N, N] step-0 keys
+    eye = torch.eye(N, dtype=torch.bool, device=input_ids.device).expand(B, N, N)
+    neg = torch.finfo(dtype).min
+    for j in range(1, steps):
+        allowed = torch.cat([prefix] + [eye] * j, 2)  # step 0, steps 1..j-1, this step
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device).masked_fill_(~allowed, neg)
+        pos = (k + j)[None]
+        out = head(
+            toks[:, j : j + N], out, embed, position_ids=pos, attention_mask=mask[:, None], cache=cache
+        )
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("draft_layer", ["target", "llama"])
+def test_ttt_unroll_is_eval_heads_unroll(draft_layer):
+    """`EagleHead.ttt_unroll` (what scripts/eval_heads.py calls) returns exactly what its private
+    ``unroll_eagle`` returned: the same K outputs on padded batches, step by step."""
+    m = target("llama")
+    head = fresh_head("llama", draft_layer=draft_layer)
+    embed = m.get_input_embeddings()
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(4))
+    am = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])
+    feats = run_target(m, ids, am).hidden
+    steps = 3
+    with torch.no_grad():
+        ref = _unroll_eagle_copy(head, embed, ids, feats, am, steps)
+        toks = torch.cat([ids[:, 1:], ids[:, -1:].expand(2, steps - 1)], 1)
+        pair = am[:, :-1].bool() & am[:, 1:].bool()
+        got = head.ttt_unroll(toks, feats[:, :-1], embed, pair, steps)
+    assert got.shape == (steps, 2, 8, head.config.hidden_size)
+    for j in range(steps):
+        assert torch.equal(got[j], ref[j]), j
+    with pytest.raises(ValueError, match=r"TTT input_ids must be \[B, N \+ K - 1\]"):
+        head.ttt_unroll(ids, feats[:, :-1], embed, pair, steps)
+
+
+def test_cached_unroll_agrees_with_eagle3_ttt_kernel():
+    """The one cache-based unroll (`heads.draft_layer.cached_unroll`, EAGLE-1/2's ``ttt_unroll``) computes
+    on an EAGLE-3 head what its TTT attention kernel computes (`Eagle3Head.ttt_unroll`): the two
+    implementations of the training-time test are the same function."""
+    from heads import Eagle3Head
+    from heads.draft_layer import cached_unroll
+
+    m = target("llama")
+    torch.manual_seed(2)
+    with pytest.warns(UserWarning, match="not strictly increasing"):  # a 2-layer target repeats an aux layer
+        head = Eagle3Head.for_target(m).eval()
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(5))
+    am = torch.tensor([[1] * 9, [1] * 7 + [0] * 2])
+    aux = torch.cat(run_target(m, ids, am, aux_layers=head.aux_layer_ids).aux, -1)[:, :-1]
+    steps = 3
+    toks = torch.cat([ids[:, 1:], ids[:, -1:].expand(2, steps - 1)], 1)
+    pair = am[:, :-1].bool() & am[:, 1:].bool()
+    with torch.no_grad():
+        kernel = head.ttt_unroll(toks, aux, m.get_input_embeddings(), pair, steps)
+        cached = cached_unroll(head, toks, aux, m.get_input_embeddings(), pair, steps)
+    assert kernel.shape == cached.shape == (steps, 2, 8, head.config.hidden_size)
+    assert torch.allclose(kernel[:, pair], cached[:, pair], atol=1e-5)

@@ -407,7 +407,7 @@ def test_loss_alignment_and_mask():
 def test_soft_cross_entropy_matches_log_softmax(monkeypatch):
     """The chunked loss kernel = -Σ p log_softmax(z) weighted, values and gradients (gradcheck in float64),
     across several chunks, with targets indexed per row and not summing to exactly 1."""
-    from heads.eagle3 import _SoftCrossEntropy
+    from heads.eagle3.loss import _SoftCrossEntropy
 
     monkeypatch.setattr(_SoftCrossEntropy, "_chunk", staticmethod(lambda z: 3))  # 7 rows: 3 chunks
     g = torch.Generator().manual_seed(6)

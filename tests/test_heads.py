@@ -270,3 +270,101 @@ def test_zero_layer_heads_are_the_target_head():
     heads = MedusaHeads.for_target(model, num_heads=2, num_layers=0)
     h = torch.randn(4, 32)
     torch.testing.assert_close(heads(h, model.lm_head)[1], model.lm_head(h))
+
+
+# ---------------------------------------------------------------------------------------------- a new head type
+
+
+def test_a_new_head_type_is_its_files_and_one_registry_entry(tmp_path):
+    """docs/design.md §13's worked example, as written there: a toy head type (K linear heads over the
+    target's last hidden state, logits through the target's lm_head) is one config, one module, one loss
+    and one ``register(HeadType(...))``. Nothing else is edited, and it trains (the loss path training
+    takes: ``registry.get(...).objective``), saves and loads (`load_heads` asks the registry), and drafts
+    with the static-tree proposer its entry names, losslessly."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    import torch.nn.functional as F
+
+    from heads import registry
+    from heads.base import HeadConfig
+    from heads.registry import HeadType, LossInputs, Objective
+    from infer.draft import MedusaProposer
+    from infer.generate import speculative_generate
+
+    @dataclass
+    class ToyConfig(HeadConfig):
+        head_type: ClassVar[str] = "toy"
+        num_heads: int = 2
+
+    class ToyHeads(nn.Module):
+        def __init__(self, config: ToyConfig) -> None:
+            super().__init__()
+            self.config, self.lm_heads = config, None  # the static-tree proposer's interface (Medusa's)
+            H = config.hidden_size
+            self.blocks = nn.ModuleList(nn.Linear(H, H) for _ in range(config.num_heads))
+
+        def forward(self, hidden, lm_head):  # [..., H] -> [K, ..., V]: head k predicts token t+2+k
+            return lm_head(torch.stack([b(hidden) for b in self.blocks]))
+
+    def toy_loss(heads, out, batch, inputs: LossInputs):
+        logits, ids, mask = heads(out.hidden, inputs.lm_head), batch["input_ids"], batch["loss_mask"]
+        losses, top1, count = [], [], []
+        for k in range(heads.config.num_heads):
+            z, y = logits[k, :, : -(k + 2)], ids[:, k + 2 :].masked_fill(mask[:, k + 2 :] == 0, -100)
+            losses.append(F.cross_entropy(z.flatten(0, 1), y.flatten(), ignore_index=-100))
+            top1.append(((z.argmax(-1) == y) & (y >= 0)).sum() / (y >= 0).sum().clamp(min=1))
+            count.append((y >= 0).sum().float())
+        loss = torch.stack(losses).sum()
+        return loss, {"loss": torch.stack(losses).detach(), "top1": torch.stack(top1), "count": torch.stack(count)}
+
+    registry.register(
+        HeadType(
+            name="toy",
+            config=ToyConfig,
+            module=ToyHeads,
+            objective=Objective(
+                position_name="head",
+                positions=lambda cfg: cfg.num_heads,
+                weights=lambda cfg, decay: [1.0] * cfg.num_heads,
+                target_kwargs=lambda cfg: {},
+                loss=toy_loss,
+            ),
+            proposer="static_tree",
+            tree="static",
+        )
+    )
+    try:
+        target = tiny_model("llama")
+        vocab, hidden = target_dims(target)
+        torch.manual_seed(0)
+        heads = ToyHeads(ToyConfig(hidden_size=hidden, vocab_size=vocab))
+        ids = _ids()
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+        # one optimizer step through the registry, as train.train_heads' batch_loss computes it
+        objective = registry.get(heads.config.head_type).objective
+        out = run_target(target, ids, batch["attention_mask"], **objective.target_kwargs(heads.config))
+        inputs = LossInputs(lm_head=target.get_output_embeddings(), embed=target.get_input_embeddings())
+        loss, metrics = objective.loss(heads, out, batch, inputs)
+        assert {k: v.shape for k, v in metrics.items()} == {k: (2,) for k in ("loss", "top1", "count")}
+        before = heads.blocks[0].weight.detach().clone()
+        opt = torch.optim.SGD(heads.parameters(), lr=0.1)
+        loss.backward()
+        opt.step()
+        assert not torch.equal(heads.blocks[0].weight, before)
+        assert objective.loss(heads, out, batch, inputs)[0] < loss  # the step lowered the loss
+        # heads-only save and load: the registry finds the toy type from config.json
+        save_heads(heads, str(tmp_path / "toy"))
+        back = load_heads(str(tmp_path / "toy"), target)
+        assert type(back) is ToyHeads and all(
+            torch.equal(a, b) for a, b in zip(back.state_dict().values(), heads.state_dict().values(), strict=True)
+        )
+        # drafting with the proposer the entry names ("static_tree": Medusa's rank-path trees)
+        assert registry.get("toy").proposer == "static_tree"
+        proposer = MedusaProposer(back, target.get_output_embeddings(), [[0], [1], [0, 0]])
+        prompt = ids[:1, :5]
+        got = speculative_generate(target, proposer, prompt, max_new_tokens=12, do_sample=False)
+        ref = target.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert torch.equal(got.sequences, ref)
+    finally:
+        del registry.REGISTRY["toy"]

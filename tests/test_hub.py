@@ -16,6 +16,7 @@ from conftest import tiny_model
 
 from heads import Eagle3Head, EagleHead, MedusaHeads, load_heads
 from heads import hub as H
+from heads.config import parse_cli
 from heads.eagle3 import build_vocab_map
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -319,7 +320,7 @@ def test_missing_token_on_push(target, tmp_path, no_token, fake_hub):
         ):
             push()
     with pytest.raises(SystemExit, match="^error: pushing heads to the Hugging Face Hub .*needs a token"):
-        H.main(["push", str(tmp_path / "h"), "org/m"])  # python heads/hub.py push DIR REPO
+        H.push_command(parse_cli(H.PushOptions, ["push", str(tmp_path / "h"), "org/m"]))  # scripts/push_heads.py
     assert fake_hub.calls == []  # nothing reached the Hub
     heads.push_to_hub("org/m", token="hf_explicit")
     assert fake_hub.calls[0][1]["token"] == "hf_explicit"
@@ -499,3 +500,27 @@ def test_hub_config_keys_are_validated():
         load_config(None, ["hub_strategy=always"])
     with pytest.raises(ValueError, match="hub_model_id 'org/a/b' is not a valid Hub repo id"):
         load_config(None, ["hub_model_id=org/a/b"])
+
+
+def test_push_command_line_keeps_its_flags(tmp_path, capsys):
+    """scripts/push_heads.py's command line: ``push DIR REPO_ID``, private unless --public, --revision,
+    --commit-message; anything else is a one-line usage error."""
+    opts = parse_cli(H.PushOptions, ["push", "d", "org/m"])
+    assert (opts.directory, opts.repo_id, opts.private, opts.revision, opts.commit_message) == (
+        "d",
+        "org/m",
+        True,
+        None,
+        None,
+    )
+    opts = parse_cli(H.PushOptions, ["push", "d", "org/m", "--public", "--revision", "v1", "--commit-message", "m"])
+    assert (opts.private, opts.revision, opts.commit_message) == (False, "v1", "m")
+    assert parse_cli(H.PushOptions, ["push", "d", "org/m", "--private"]).private is True
+    for argv, why in (
+        (["pull", "d", "org/m"], "the command is 'push'"),
+        (["push", "d"], "required"),
+        (["push", "d", "org/m", "--private", "--public"], "not allowed with"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_cli(H.PushOptions, argv)
+        assert why in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""The EAGLE-1/2 head config (what ``config.json`` holds besides `heads.base.HeadConfig`'s fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from torch import nn
+
+from heads.base import HeadConfig
+from heads.draft_config import (
+    check_target_arch,
+    resolve_draft_layer,
+    validate_embed_scale,
+    validate_target_config,
+    with_legacy_draft_layer,
+)
+
+
+@dataclass
+class EagleConfig(HeadConfig):
+    """EAGLE-1/2 head config.
+
+    target_config: the target's text config as a dict (``target.config.get_text_config().to_dict()``);
+        the draft layer is rebuilt from it, so loading never needs the target itself.
+    draft_layer: ``"llama"`` (default: a Llama decoder layer sized from the target, which the engines
+        rebuild) or ``"target"`` (a layer of the target's own architecture); see `heads.draft_layer`.
+        A config.json without the key (heads saved before it existed) loads as ``"target"``.
+    draft_layer_config: the ``LlamaConfig`` keyword arguments of a ``"llama"`` layer, resolved from
+        ``target_config`` by `heads.draft_layer.llama_layer_config` and saved (None for ``"target"``).
+    embed_scale: the factor by which the target's embedding module scales its weight rows (Gemma:
+        sqrt(H) in the weight dtype; 1.0 for most targets), measured from the target by `for_target`
+        (`heads.draft_layer.target_embed_scale`) so that an export can fold it into ``fc`` without the
+        target; None: not recorded (heads saved before the field existed). selfspec itself never reads it.
+    bias: whether ``fc`` has a bias (EAGLE-1 checkpoints have one).
+    w_reg, w_cls: weights of the SmoothL1 feature regression and of the soft-label cross-entropy.
+    noise: training-time feature augmentation, f + U(-noise, noise); 0 disables it.
+    """
+
+    head_type: ClassVar[str] = "eagle"
+    target_config: dict[str, Any] = field(default_factory=dict)
+    draft_layer: Literal["llama", "target"] = "llama"
+    draft_layer_config: dict[str, Any] | None = None
+    embed_scale: float | None = None
+    bias: bool = True
+    w_reg: float = 1.0
+    w_cls: float = 0.1
+    noise: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_target_config(self.target_config)
+        validate_embed_scale(self.embed_scale)
+        resolve_draft_layer(self)
+        if self.w_reg < 0 or self.w_cls < 0:
+            raise ValueError(f"loss weights must be >= 0, got w_reg={self.w_reg}, w_cls={self.w_cls}")
+        if self.w_reg == 0 and self.w_cls == 0:
+            raise ValueError("w_reg and w_cls are both 0: nothing to train")
+        if self.noise < 0:
+            raise ValueError(f"noise must be >= 0 (0 disables it), got {self.noise}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EagleConfig:
+        """As `HeadConfig.from_dict`; a config without ``draft_layer`` (saved before it existed) is ``"target"``."""
+        return super().from_dict(with_legacy_draft_layer(d))
+
+    @property
+    def model_type(self) -> str:
+        return str(self.target_config.get("model_type", ""))
+
+    def check_target(self, target: nn.Module) -> None:
+        super().check_target(target)
+        check_target_arch(self, target)

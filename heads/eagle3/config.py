@@ -1,0 +1,194 @@
+"""The EAGLE-3 head config, its aux layer ids (see `heads.eagle3`) and the draft vocabulary map."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from heads.base import HeadConfig
+from heads.draft_config import (
+    check_target_arch,
+    resolve_draft_layer,
+    validate_embed_scale,
+    validate_target_config,
+    with_legacy_draft_layer,
+)
+from heads.graft import num_layers
+
+# True while `Eagle3Config.from_dict` reads a config saved before aux ids were checked (see `check_aux_ids`).
+_LEGACY_AUX_IDS = contextvars.ContextVar("selfspec_legacy_aux_ids", default=False)
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's ``(2, L//2, L-3)`` as ``hidden_states`` indices where it is strictly increasing (L >= 7),
+    else ``(0, L//2, L-1)``: distinct for every L >= 3; L = 2: (0, 1, 1), L = 1: (0, 0, 0)."""
+    if num_layers < 1:
+        raise ValueError(f"the target needs at least one layer, got {num_layers}")
+    L = num_layers
+    ids = [2, L // 2, L - 3]
+    if not ids[0] < ids[1] < ids[2]:
+        ids = [0, L // 2, L - 1]
+    return ids
+
+
+def check_aux_ids(ids: list[int], L: int) -> None:
+    """Raise ``ValueError`` (one line) unless ``ids`` are 3 distinct, strictly increasing inputs of layers of an
+    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there
+    (and for heads saved before this check) a non-decreasing repeat only warns that no engine serves it."""
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad:
+        raise ValueError(
+            f"aux_layer_ids {ids}: {bad} out of range; ids index HF hidden_states as "
+            f"inputs of decoder layers, so 0 <= id <= {L - 1} for this {L}-layer target"
+        )
+    if ids[0] < ids[1] < ids[2]:
+        return
+    legacy = _LEGACY_AUX_IDS.get()
+    if (L < 3 and ids == sorted(ids)) or legacy:
+        why = (
+            f"a {L}-layer target has no 3 distinct layer inputs" if L < 3 else "saved before ids were checked"
+        )
+        warnings.warn(
+            f"aux_layer_ids {ids} are not strictly increasing ({why}): these EAGLE-3 heads run in "
+            "infer.generate, but vLLM and SGLang capture distinct layers in increasing order and cannot serve them",
+            stacklevel=4,
+        )
+        return
+    raise ValueError(
+        f"aux_layer_ids {ids} must be distinct and strictly increasing (low < mid < high): the engines "
+        f"capture the layers in increasing order; e.g. {default_aux_layer_ids(L)} for this {L}-layer target"
+    )
+
+
+@contextlib.contextmanager
+def _legacy_aux_ids():
+    token = _LEGACY_AUX_IDS.set(True)
+    try:
+        yield
+    finally:
+        _LEGACY_AUX_IDS.reset(token)
+
+
+@dataclass
+class Eagle3Config(HeadConfig):
+    """EAGLE-3 head config.
+
+    target_config: the target's text config as a dict (as `heads.eagle.EagleConfig`).
+    draft_layer, draft_layer_config: the draft decoder layer, as `heads.eagle.EagleConfig` (``"llama"``
+        by default; a config.json without the key loads as ``"target"``).
+    embed_scale: the target embedding module's scale, as `heads.eagle.EagleConfig` (recorded for exports).
+    aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low < mid < high,
+        see `check_aux_ids`); None = `default_aux_layer_ids` (resolved as soon as ``target_config`` is
+        known, and saved resolved).
+    draft_vocab_size: size of the draft's own vocabulary; None (or the target's vocab size) = no mapping.
+    ttt_steps: training-time-test unroll length K; step_weight: step j's loss weight is step_weight**j.
+    noise: training-time augmentation of the target features, a + U(-noise, noise); 0 (default) disables
+        it. EAGLE-3 relies on TTT instead, and its aux features are un-normed, of layer-dependent scale.
+    """
+
+    head_type: ClassVar[str] = "eagle3"
+    target_config: dict[str, Any] = field(default_factory=dict)
+    draft_layer: Literal["llama", "target"] = "llama"
+    draft_layer_config: dict[str, Any] | None = None
+    embed_scale: float | None = None
+    aux_layer_ids: list[int] | None = None
+    draft_vocab_size: int | None = None
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+    noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_target_config(self.target_config)
+        validate_embed_scale(self.embed_scale)
+        resolve_draft_layer(self)
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if not self.step_weight > 0:
+            raise ValueError(f"step_weight must be > 0, got {self.step_weight}")
+        if self.noise < 0:
+            raise ValueError(f"noise must be >= 0 (0 disables it), got {self.noise}")
+        if self.draft_vocab_size is not None:
+            if self.draft_vocab_size < 1:
+                raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
+            if self.vocab_size and self.draft_vocab_size > self.vocab_size:
+                raise ValueError(
+                    f"draft_vocab_size {self.draft_vocab_size} > the target's vocab size {self.vocab_size}"
+                )
+        if self.aux_layer_ids is not None:
+            ids = list(self.aux_layer_ids)
+            if len(ids) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError(f"aux_layer_ids must be 3 ints (low, mid, high), got {self.aux_layer_ids}")
+            self.aux_layer_ids = ids
+        L = self.num_target_layers
+        if L is None:
+            return
+        if self.aux_layer_ids is None:
+            self.aux_layer_ids = default_aux_layer_ids(L)
+        check_aux_ids(self.aux_layer_ids, L)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        """As `HeadConfig.from_dict`. A config saved before ``draft_layer`` existed loads as ``"target"``,
+        and its aux ids, saved before they were checked, only warn if they repeat or are out of order."""
+        if "draft_layer" in d:
+            return super().from_dict(d)
+        with _legacy_aux_ids():
+            return super().from_dict(with_legacy_draft_layer(d))
+
+    @property
+    def num_target_layers(self) -> int | None:
+        for key in ("num_hidden_layers", "n_layer"):  # GPT-2's config says n_layer
+            n = self.target_config.get(key)
+            if n is not None:
+                return int(n)
+        return None
+
+    @property
+    def draft_vocab(self) -> int:
+        """Rows of the draft lm_head: ``draft_vocab_size``, or the target's vocab size."""
+        return self.draft_vocab_size or self.vocab_size
+
+    def check_target(self, target: nn.Module) -> None:
+        super().check_target(target)
+        check_target_arch(self, target)
+        if self.num_target_layers is not None and num_layers(target) != self.num_target_layers:
+            raise ValueError(
+                f"eagle3 heads were trained on a {self.num_target_layers}-layer target "
+                f"({self.base_model_name_or_path!r}) and read its layers {self.aux_layer_ids}; "
+                f"this target has {num_layers(target)} layers"
+            )
+
+
+# ---------------------------------------------------------------------------------------------- vocab map
+
+
+def count_tokens(input_ids: Tensor, loss_mask: Tensor, vocab_size: int) -> Tensor:
+    """[V] int64 counts of the token ids at positions with ``loss_mask == 1`` (sum these over a dataset)."""
+    ids = input_ids[loss_mask.bool()].reshape(-1).to(torch.long)
+    return torch.bincount(ids.cpu(), minlength=vocab_size)[:vocab_size]
+
+
+def build_vocab_map(token_counts: Tensor, draft_vocab_size: int | None) -> tuple[Tensor, Tensor]:
+    """(d2t [Vd] int64, t2d [V] bool) for the ``draft_vocab_size`` most frequent target tokens.
+
+    token_counts: [V] counts (e.g. `count_tokens` over the training data). Ties go to the lower id;
+    unseen tokens fill the vocabulary last, by id. Draft ids follow target-id order, so
+    ``target_id = i + d2t[i]`` with ``d2t`` non-decreasing and >= 0. None or V gives the identity.
+    """
+    V = token_counts.numel()
+    Vd = V if draft_vocab_size is None else int(draft_vocab_size)
+    if not 1 <= Vd <= V:
+        raise ValueError(f"draft_vocab_size must be in [1, {V}], got {draft_vocab_size}")
+    order = torch.sort(token_counts.reshape(-1).cpu(), descending=True, stable=True).indices
+    chosen = order[:Vd].sort().values
+    d2t = chosen - torch.arange(Vd)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[chosen] = True
+    return d2t, t2d

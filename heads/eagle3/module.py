@@ -1,0 +1,219 @@
+"""`Eagle3Head`: ``fc`` + one widened decoder layer + own norm and lm_head (see `heads.eagle3`)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from heads.draft_layer import DraftLayerMixin, causal_mask
+from heads.eagle3.attention import ATTN_IMPLEMENTATION, register_attention
+from heads.eagle3.config import Eagle3Config
+from heads.hub import HubMixin
+
+_QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+
+
+class _FusedInput(nn.Module):
+    """Stands in for the layer's ``input_layernorm``: g -> cat(input_norm(emb), hidden_norm(g)) [.., 2H].
+
+    The decoder layer calls its input norm with the residual stream only, so `Eagle3Head` hands the
+    embedding over through ``self.emb`` for the duration of one layer call. The norms are the head's
+    (kept out of this module's parameters so each is saved once, under ``input_norm``/``hidden_norm``).
+    """
+
+    def __init__(self, head: Eagle3Head) -> None:
+        super().__init__()
+        self.__dict__["head"] = head
+        self.emb: Tensor | None = None
+
+    def forward(self, g: Tensor) -> Tensor:
+        assert self.emb is not None, "the fused input norm runs inside Eagle3Head.forward only"
+        return torch.cat([self.head.input_norm(self.emb), self.head.hidden_norm(g)], dim=-1)
+
+
+class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
+    """``fc`` + one widened decoder layer (Llama, or the target's own) + own norm and lm_head; see the
+    module docstring."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        layer, rotary, layer_config = self._new_layer(config)
+        H, V, Vd = config.hidden_size, config.vocab_size, config.draft_vocab
+        norm = getattr(layer, "post_attention_layernorm", None)  # the layer's norm class, eps and init
+        if not isinstance(norm, nn.Module):
+            raise NotImplementedError(
+                f"EAGLE-3 with the target's own {type(layer).__name__} (draft_layer: target) needs a "
+                "post_attention_layernorm, which its parallel attention/MLP block lacks; use "
+                "heads.options.draft_layer: llama"
+            )
+        register_attention()
+        layer_config._attn_implementation = ATTN_IMPLEMENTATION  # the layer's attention reads it per call
+        self.layer_config = layer_config
+        std = getattr(layer_config, "initializer_range", 0.02)
+        attn = layer.self_attn
+        widened = 0
+        for name in _QKV_NAMES:
+            old = getattr(attn, name, None)
+            if isinstance(old, nn.Linear):
+                new = nn.Linear(2 * H, old.out_features, bias=old.bias is not None)
+                nn.init.normal_(new.weight, std=std)
+                if new.bias is not None:
+                    nn.init.zeros_(new.bias)
+                setattr(attn, name, new)
+                widened += 1
+        if not widened:
+            raise NotImplementedError(
+                f"EAGLE-3: {type(attn).__name__} has none of {_QKV_NAMES} to widen to 2H inputs"
+            )
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.input_norm = copy.deepcopy(norm)
+        self.hidden_norm = copy.deepcopy(norm)
+        layer.input_layernorm = _FusedInput(self)
+        self.midlayer = layer  # keys `midlayer.*`, as EAGLE-3 checkpoints name the layer
+        self.norm = copy.deepcopy(norm)
+        self.lm_head = nn.Linear(H, Vd, bias=False)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        # until `set_vocab_map`: the first Vd target ids
+        self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[:Vd] = True
+        self.register_buffer("t2d", t2d)
+        self._attach_layer(layer, rotary)
+
+    @classmethod
+    def for_target(cls, target: nn.Module, **kwargs) -> Eagle3Head:
+        """A fresh head for ``target``: its architecture and sizes, on its device and in its dtype."""
+        return cls._new_for_target(Eagle3Config, target, **kwargs)
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.aux_layer_ids)
+
+    def set_vocab_map(self, d2t: Tensor, t2d: Tensor) -> None:
+        """Install a `build_vocab_map` result (checked for consistency) into the ``d2t``/``t2d`` buffers."""
+        Vd, V = self.d2t.shape[0], self.t2d.shape[0]
+        if d2t.shape != (Vd,) or t2d.shape != (V,):
+            raise ValueError(f"vocab map shapes {tuple(d2t.shape)}, {tuple(t2d.shape)} != ({Vd},), ({V},)")
+        ids = torch.arange(Vd) + d2t.cpu().long()
+        if not torch.equal(ids, t2d.cpu().nonzero().view(-1)):
+            raise ValueError("d2t and t2d disagree: t2d must mark exactly the ids arange(Vd) + d2t, sorted")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
+        """Draft-vocab ids -> target ids (``i + d2t[i]``)."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def fuse(self, aux: Tensor | tuple[Tensor, ...]) -> Tensor:
+        """Target features -> g: ``fc(cat(low, mid, high))``; aux is the 3 [.., H] tensors or one [.., 3H]."""
+        if isinstance(aux, (tuple, list)):
+            aux = torch.cat(list(aux), dim=-1)
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        features: Tensor,
+        embed: nn.Module,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache=None,
+        *,
+        ttt_steps: int | None = None,
+        rows: list[Tensor] | None = None,
+    ) -> Tensor:
+        """One draft step over T pairs, or (``ttt_steps=K``) a whole training-time-test unroll.
+
+        features: [B, T, 3H] target aux features ``cat(low, mid, high)`` (fused through ``fc`` here) or
+            [B, T, H] the draft's own outputs (used as the fused g as is), told apart by width.
+        input_ids: [B, T] tokens x_{k+1} of the pairs; embed: the target's input embedding module.
+        position_ids, attention_mask, cache: as `heads.eagle.EagleHead.forward`.
+        Returns o: [B, T, H], pre-norm draft outputs (``logits(o)`` scores x_{k+2}).
+
+        TTT (training): input_ids [B, N + K - 1] with input_ids[:, k] = x_{k+1} (step j reads
+        input_ids[:, j : j + N]), features [B, N, 3H], attention_mask None or the [B, N] pair mask,
+        no cache. Returns logits [K, B, N, draft_vocab] in the head's dtype (`eagle3_loss` upcasts the
+        scored rows): step j at pair k predicts x_{k+2+j}. They are computed inside this call so that a
+        DDP/DeepSpeed wrapper sees one forward. ``rows`` (training): K bool masks [B, n_j] (n_j <= N, the
+        scored pairs of step j, `ttt_scored`); then only those rows go through the final norm and the
+        lm_head, and the result is the packed [M, draft_vocab], step 0's rows first, each step's in
+        (b, k) order (as `_target_rows` reads them): the norm is per row, so this is the same function
+        on fewer rows.
+        """
+        if ttt_steps is not None:
+            outs = self._ttt_outputs(input_ids, features, embed, attention_mask, ttt_steps)
+            if rows is None:
+                return self.lm_head(self.norm(torch.stack(outs)))
+            if len(rows) != ttt_steps:
+                raise ValueError(f"rows needs one mask per TTT step ({ttt_steps}), got {len(rows)}")
+            picked = torch.cat([o[:, : r.shape[1]][r] for o, r in zip(outs, rows, strict=True)])
+            return self.lm_head(self.norm(picked))
+        B, T = input_ids.shape
+        assert features.shape[:2] == (B, T), (input_ids.shape, features.shape)
+        g = self._features(features)
+        position_ids, attention_mask = self._step_inputs(
+            T, cache, position_ids, attention_mask, self.fc.weight.dtype, g.device
+        )
+        return self._layer(input_ids, g, embed, position_ids, attention_mask, cache=cache)
+
+    def ttt_unroll(
+        self,
+        input_ids: Tensor,
+        features: Tensor,
+        embed: nn.Module,
+        pair_mask: Tensor | None,
+        steps: int,
+    ) -> Tensor:
+        """The TTT rollout (see `forward`): [K, B, N, H] pre-norm outputs o^j_k.
+
+        Step 0 is the ordinary causal forward over the N pairs (token x_{k+1}, g_k) at positions k. Step
+        j >= 1 runs the pairs (x_{k+1+j}, o^{j-1}_k) at positions k + j; `eagle3_attention` lets each
+        attend to the step-0 keys of pairs <= k and to its own keys at steps 1..j. Memory O(K·N²).
+        """
+        return torch.stack(self._ttt_outputs(input_ids, features, embed, pair_mask, steps))
+
+    def _ttt_outputs(
+        self, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
+    ) -> list[Tensor]:
+        """`ttt_unroll` as a list of K [B, N, H] (no stacked copy)."""
+        B, N = features.shape[:2]
+        if input_ids.shape != (B, N + steps - 1):
+            raise ValueError(
+                f"TTT input_ids must be [B, N + K - 1] = {(B, N + steps - 1)}, got {input_ids.shape}"
+            )
+        dtype = self.fc.weight.dtype
+        g = self._features(features)
+        mask = causal_mask(pair_mask, N, 0, dtype, g.device)  # step-0 keys, for every step
+        pos = torch.arange(N, device=g.device)[None]
+        store: dict[int, tuple[Tensor, Tensor]] = {}
+        outs = []
+        for j in range(steps):
+            g = self._layer(input_ids[:, j : j + N], g, embed, pos + j, mask, ttt=(store, j))
+            outs.append(g)
+        return outs
+
+    def _features(self, features: Tensor) -> Tensor:
+        H = self.config.hidden_size
+        if features.shape[-1] == 3 * H:
+            return self.fuse(features)
+        if features.shape[-1] != H:
+            raise ValueError(
+                f"features must be [.., 3H] (target aux) or [.., H] (draft), got {features.shape}"
+            )
+        return features.to(self.fc.weight.dtype)
+
+    def _layer(self, input_ids, g, embed, position_ids, attention_mask, cache=None, ttt=None) -> Tensor:
+        extra = {} if ttt is None else {"eagle3_ttt": ttt}
+        fused = self.midlayer.input_layernorm
+        fused.emb = embed(input_ids).to(g.dtype)
+        try:
+            return self._call_layer(self.midlayer, g, position_ids, attention_mask, cache, **extra)
+        finally:
+            fused.emb = None
+
+    def logits(self, feats: Tensor, lm_head: nn.Module | None = None) -> Tensor:
+        """feats: [..., H] pre-norm outputs -> float32 draft-vocab logits [..., Vd] (own norm and lm_head;
+        ``lm_head`` is accepted for the proposer's EAGLE-1/2 call signature and ignored)."""
+        return self.lm_head(self.norm(feats)).float()
