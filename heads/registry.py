@@ -55,6 +55,11 @@ class Objective:
         ``metrics`` detached [K] tensors ``count`` (scored positions) and averages ``loss``, ``top1``
         (and any extra per-position metric of the head type). ``batch`` holds ``input_ids``,
         ``attention_mask``, ``loss_mask`` [B, T] as `train.data` makes them.
+    top1_vs: what the loss's ``top1`` compares the draft with: ``"target"`` (the target's own predictions,
+        as EAGLE's losses are computed against the target) or ``"data"`` (the data's tokens, Medusa's).
+        A ``"data"`` loss must read ``batch["input_ids"]`` only as labels (its inputs come from the target
+        forward): the held-out eval then also scores it against the target by passing the target's greedy
+        tokens as the labels (`train.evaluation.eval_batch`).
     """
 
     position_name: str
@@ -62,6 +67,11 @@ class Objective:
     weights: Callable[[Any, float], list[float]]
     target_kwargs: Callable[[Any], dict[str, Any]]
     loss: Callable[[nn.Module, Any, dict[str, Tensor], LossInputs], tuple[Tensor, dict[str, Tensor]]]
+    top1_vs: str = "target"
+
+    def __post_init__(self) -> None:
+        if self.top1_vs not in ("target", "data"):
+            raise ValueError(f"Objective.top1_vs must be 'target' or 'data', got {self.top1_vs!r}")
 
 
 @dataclass(frozen=True)

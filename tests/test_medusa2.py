@@ -29,7 +29,7 @@ from test_train import (
 
 from heads.medusa import medusa_loss
 from train.config import JointConfig, load_config
-from train.losses import backbone_stats, medusa2_loss
+from train.medusa2 import backbone_stats, medusa2_loss
 
 tiny_target, tiny_data = test_train.tiny_target, test_train.tiny_data
 _fresh_accelerate_state = test_train._fresh_accelerate_state

@@ -29,7 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from heads import config
+import heads  # noqa: F401  (importing the package registers every head type)
+from heads import config, registry
 from train.data import DataConfig
 
 DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
@@ -37,8 +38,6 @@ DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
 HUB_STRATEGIES = ("end", "every_save")
-# Head types the training loop knows how to compute a loss for (`train.train_heads.batch_loss`).
-TRAINABLE_HEADS = ("medusa", "eagle", "eagle3")
 
 
 @dataclass
@@ -68,7 +67,7 @@ class TargetConfig:
 class HeadsConfig:
     """Which draft heads to train.
 
-    ``type`` picks the head family from the registry in `heads.base`. ``num_heads``, ``num_layers``
+    ``type`` picks the head family from the registry (`heads.registry`). ``num_heads``, ``num_layers``
     and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
     that name); ``options`` holds any further keyword of the head type's config class, so new head
     types need no change here. EAGLE-1/2 (``type: eagle``): ``draft_layer``, ``w_reg``, ``w_cls``,
@@ -89,16 +88,21 @@ class HeadsConfig:
         self.head_kwargs()  # validates every value by building a config of that head type
 
     def head_config_cls(self) -> type:
-        import heads  # noqa: F401  (importing the package registers every head type)
-        from heads.registry import REGISTRY
-
-        if self.type not in REGISTRY:
-            raise ValueError(f"heads.type {self.type!r} is unknown; known head types: {sorted(REGISTRY)}")
-        if self.type not in TRAINABLE_HEADS:
+        """The head type's config class; a head type is trainable when its registry entry has an objective."""
+        if self.type not in registry.REGISTRY:
             raise ValueError(
-                f"training {self.type!r} heads is not implemented yet; trainable: {list(TRAINABLE_HEADS)}"
+                f"heads.type {self.type!r} is unknown; known head types: {sorted(registry.REGISTRY)}"
             )
-        return REGISTRY[self.type].config
+        entry = registry.REGISTRY[self.type]
+        if getattr(entry, "objective", None) is None:
+            trainable = sorted(
+                n for n, e in registry.REGISTRY.items() if getattr(e, "objective", None) is not None
+            )
+            raise ValueError(
+                f"training {self.type!r} heads is not implemented yet (its registry entry has no training "
+                f"objective); trainable: {trainable}"
+            )
+        return entry.config
 
     def head_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the head type's config class (the target's sizes are added later)."""
