@@ -125,7 +125,7 @@ def test_config_errors(overrides, message):
 
 
 def test_refuses_zero3_and_an_adapted_target():
-    from train.train_heads import check_joint
+    from train.medusa2 import check_joint
 
     cfg = load_config(None, ["joint.enabled=true"])
     with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3"):

@@ -29,6 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from huggingface_hub.utils import validate_repo_id
+
 import heads  # noqa: F401  (importing the package registers every head type)
 from heads import config, registry
 from train.data import DataConfig
@@ -203,7 +205,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """The measured acceptance length τ of each held-out eval (`train.evaluate.measure_tau`): greedy
+    """The measured acceptance length τ of each held-out eval (`train.evaluation.measure_tau`): greedy
     `infer.generate` with the heads' default tree (EAGLE: the dynamic-tree defaults) on the first
     ``measured_tau_prompts`` held-out rows. A chat row's prompt is its conversation up to the first
     assistant answer (the tokens before its first training label); a text row's is its first
@@ -349,8 +351,6 @@ class RunConfig:
                 "hub_model_id=your-name/my-heads"
             )
         if self.hub_model_id:
-            from huggingface_hub.utils import validate_repo_id
-
             try:
                 validate_repo_id(self.hub_model_id)
             except ValueError as e:

@@ -117,7 +117,7 @@ def _json_rows_problem(file: str, label: str) -> str | None:
 
 
 def _parquet_problem(file: str, label: str) -> str | None:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # only to explain a parquet file that did not load
 
     try:
         rows = pq.ParquetFile(file).metadata.num_rows
