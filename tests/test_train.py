@@ -394,22 +394,28 @@ def test_no_train_module_shadows_a_top_level_module():
         assert found is None, f"train/{name} shadows {found.origin or found.submodule_search_locations}"
 
 
-def test_train_heads_runs_as_a_script_without_a_path_edit():
-    """`python train/train_heads.py` (train/ first on sys.path) imports everything it needs; no module in
-    train/ edits sys.path (but the speed benchmark's import of the user's checkout of the original EAGLE-3
-    trainer, train/eagle3_speed.py, which is not the project's code)."""
+def test_no_train_module_edits_sys_path():
+    """No module in train/ edits sys.path (but the speed benchmark's import of the user's checkout of the
+    original EAGLE-3 trainer, train/eagle3_speed.py, which is not the project's code)."""
     import re
 
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "train", "train_heads.py"), "--help"],
-        env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0 and "--features" in proc.stdout, proc.stderr[-3000:]
     for name in sorted(os.listdir(os.path.join(REPO, "train"))):
         if name.endswith(".py"):
             with open(os.path.join(REPO, "train", name)) as f:
                 edits = re.findall(r"sys\.path(?:\.insert|\.append|\[0\]\s*=|\s*=)", f.read())
             assert len(edits) == (name == "eagle3_speed.py"), (name, edits)
+
+
+@pytest.mark.slow
+def test_train_heads_runs_as_a_script_and_as_a_module():
+    """`python train/train_heads.py` (train/ first on sys.path) and `python -m train.train_heads` import
+    everything they need without a sys.path edit."""
+    for how in ([os.path.join(REPO, "train", "train_heads.py")], ["-m", "train.train_heads"]):
+        proc = subprocess.run(
+            [sys.executable, *how, "--help"],
+            env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0 and "--features" in proc.stdout, (how, proc.stderr[-3000:])
 
 
 @pytest.mark.slow
