@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
-from heads.io import atomic_text
+from heads.io import TMP_PREFIX, atomic_text
 from train.config import to_dict
 
 RUN_FILE = ".selfspec_run.json"  # hidden: never uploaded with the heads (heads.hub ignores dot files)
@@ -119,7 +119,7 @@ def mark_finished(output_dir: str, step: int) -> None:
 
 def check_writable(directory: str) -> None:
     """Create and delete a probe file: permissions and read-only mounts (also for root) fail here."""
-    probe = os.path.join(directory, f".tmp-write-probe-{os.getpid()}")
+    probe = os.path.join(directory, f"{TMP_PREFIX}write-probe-{os.getpid()}")
     try:
         with open(probe, "w") as f:
             f.write("x")
@@ -137,7 +137,7 @@ def _holds_results(output_dir: str) -> bool:
 
 def _wipe(output_dir: str) -> None:
     for name in os.listdir(output_dir):
-        if name in SELFSPEC_FILES or name.startswith(".tmp-"):
+        if name in SELFSPEC_FILES or name.startswith(TMP_PREFIX):
             path = os.path.join(output_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
