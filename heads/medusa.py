@@ -222,5 +222,6 @@ register(
         ),
         proposer="static_tree",
         tree="static",
+        joint_training=True,  # Medusa-2 (`train.medusa2`)
     )
 )

@@ -18,6 +18,9 @@ What an entry carries:
 - ``exports``: export format name -> ``fn(heads, target=None) -> (state, config_dict)`` (engine formats).
 - ``import_state``: ``fn(directory, raw_config, target) -> module`` for foreign checkpoints of this
   method, or None.
+- ``joint_training``: whether Medusa-2 joint training (`train.medusa2`: a LoRA on the target trained
+  with the heads) applies: the heads map the target's last hidden state and lm_head to [K, B, T, V]
+  logits that `heads.medusa.medusa_loss` scores.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class HeadType:
     tree: str
     exports: dict[str, Callable[..., Any]] = field(default_factory=dict)
     import_state: Callable[..., nn.Module] | None = None
+    joint_training: bool = False
 
     def __post_init__(self) -> None:
         if self.tree not in ("static", "dynamic"):

@@ -322,9 +322,10 @@ class RunConfig:
         if self.report_to not in REPORT_TO:
             raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}; got {self.report_to!r}")
         self._check_hub()
-        if self.joint.enabled and self.heads.type != "medusa":
+        joint = sorted(n for n, e in registry.REGISTRY.items() if getattr(e, "joint_training", False))
+        if self.joint.enabled and self.heads.type not in joint:
             raise ValueError(
-                f"joint training (Medusa-2, joint.enabled: true) needs heads.type: medusa, got "
+                f"joint training (Medusa-2, joint.enabled: true) needs heads.type: {' or '.join(joint)}, got "
                 f"{self.heads.type!r}; train {self.heads.type} heads on the frozen target (joint.enabled: false)"
             )
         if self.overwrite and self.resume is not None:
