@@ -202,9 +202,9 @@ def eval_prompts(dataset, n: int, prompt_tokens: int) -> list[Tensor]:
 
 
 def _draft_settings(model) -> str:
-    """The tree the measurement drafts with, in words (the heads' defaults or their tuned tree.json)."""
+    """The tree the measurement drafts with, in words (the heads' defaults or their tuned settings)."""
     proposer = model.proposer()
-    if hasattr(proposer, "total_tokens"):
+    if registry.of(model.heads).tree == "dynamic":
         return (
             f"EAGLE-2 dynamic tree depth {proposer.depth}, draft_top_k {proposer.top_k}, "
             f"total_tokens {proposer.total_tokens}"
