@@ -22,6 +22,9 @@ What an entry carries:
   ``import_state``: ``fn(directory, raw_config, target) -> module`` reads such a checkpoint, or None.
 - ``title``, ``tags``, ``predicts``: the model card's name of the method, its Hub tags, and what draft
   position k predicts (a row label of the card's accuracy table, `heads.card`).
+- ``joint_training``: whether Medusa-2 joint training (`train.medusa2`: a LoRA on the target trained
+  with the heads) applies: the heads map the target's last hidden state and lm_head to [K, B, T, V]
+  logits that `heads.medusa.medusa_loss` scores.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ class Objective:
         ``metrics`` detached [K] tensors ``count`` (scored positions) and averages ``loss``, ``top1``
         (and any extra per-position metric of the head type). ``batch`` holds ``input_ids``,
         ``attention_mask``, ``loss_mask`` [B, T] as `train.data` makes them.
+    top1_vs: what the loss's ``top1`` compares the draft with: ``"target"`` (the target's own predictions,
+        as EAGLE's losses are computed against the target) or ``"data"`` (the data's tokens, Medusa's).
+        A ``"data"`` loss must read ``batch["input_ids"]`` only as labels (its inputs come from the target
+        forward): the held-out eval then also scores it against the target by passing the target's greedy
+        tokens as the labels (`train.evaluation.eval_batch`).
     """
 
     position_name: str
@@ -66,6 +74,11 @@ class Objective:
     weights: Callable[[Any, float], list[float]]
     target_kwargs: Callable[[Any], dict[str, Any]]
     loss: Callable[[nn.Module, Any, dict[str, Tensor], LossInputs], tuple[Tensor, dict[str, Tensor]]]
+    top1_vs: str = "target"
+
+    def __post_init__(self) -> None:
+        if self.top1_vs not in ("target", "data"):
+            raise ValueError(f"Objective.top1_vs must be 'target' or 'data', got {self.top1_vs!r}")
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,7 @@ class HeadType:
     title: str = ""
     tags: tuple[str, ...] = ()
     predicts: Callable[[int], str] | None = None
+    joint_training: bool = False
 
     def __post_init__(self) -> None:
         if self.tree not in ("static", "dynamic"):

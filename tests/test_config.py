@@ -12,8 +12,8 @@ import types
 import pytest
 import yaml
 
-from train import config as C
-from train.config import TRAINABLE_HEADS, HeadsConfig, RunConfig, load_config, resolve_demo, to_yaml
+from heads.registry import REGISTRY
+from train.config import HeadsConfig, RunConfig, load_config, resolve_demo, to_yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
@@ -131,8 +131,8 @@ def test_heads_options_reach_other_head_types(monkeypatch):
             if self.depth < 1:
                 raise ValueError("depth must be >= 1")
 
-    monkeypatch.setitem(REGISTRY, "fake", types.SimpleNamespace(config=FakeConfig, module=object))
-    monkeypatch.setattr(C, "TRAINABLE_HEADS", ("medusa", "fake"))
+    fake = types.SimpleNamespace(config=FakeConfig, module=object, objective=object())  # trainable
+    monkeypatch.setitem(REGISTRY, "fake", fake)
     h = HeadsConfig(type="fake", num_layers=2, options={"depth": 3})
     assert h.head_kwargs() == {"num_layers": 2, "depth": 3}
     with pytest.raises(ValueError, match="heads.num_heads does not apply to 'fake' heads"):
@@ -146,7 +146,8 @@ def test_heads_options_reach_other_head_types(monkeypatch):
 def test_registered_but_untrainable_head_type(monkeypatch):
     from heads.registry import REGISTRY
 
-    monkeypatch.setitem(REGISTRY, "other", REGISTRY["medusa"])
+    medusa = REGISTRY["medusa"]  # an entry without a training objective is registered, not trainable
+    monkeypatch.setitem(REGISTRY, "other", types.SimpleNamespace(config=medusa.config, module=medusa.module))
     with pytest.raises(ValueError, match="training 'other' heads is not implemented yet"):
         load_config(None, ["heads.type=other"])
 
@@ -196,7 +197,7 @@ def test_shipped_recipes(path):
             and not line.rstrip().endswith(":")
         ):
             assert "#" in line, f"{name}: uncommented key: {line!r}"
-    assert cfg.heads.type in TRAINABLE_HEADS
+    assert REGISTRY[cfg.heads.type].objective is not None  # trainable
 
 
 def test_recipe_values():

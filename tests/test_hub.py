@@ -465,7 +465,7 @@ def test_training_pushes_from_the_main_process_only(tmp_path, fake_hub, monkeypa
 
     monkeypatch.setattr(HfApi, "create_commit", offline)
     train_heads.push_heads(run, out, "msg", fatal=False)  # at a checkpoint: reported, training goes on
-    with pytest.raises(RuntimeError, match=r"no network\. They are saved in .*python heads/hub.py push"):
+    with pytest.raises(RuntimeError, match=r"no network\. They are saved in .*python scripts/push_heads.py push"):
         train_heads.push_heads(run, out, "msg")  # at the end: the run fails, saying how to retry
 
 

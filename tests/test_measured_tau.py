@@ -17,7 +17,10 @@ _fresh_accelerate_state = test_train._fresh_accelerate_state
 
 
 def test_medusa_top1_vs_target_reads_the_targets_argmax_one_position_back():
-    from train.evaluate import medusa_top1_vs_target
+    """The eval scores a data-basis loss (Medusa's) against the target by giving it the target's greedy
+    tokens as labels (`train.evaluation.target_tokens`)."""
+    from heads.medusa import medusa_loss
+    from train.evaluation import target_tokens
 
     V = 5
     choice = torch.tensor([[3, 1, 4, 1, 0, 2]])  # the target's pick for token s+1 at position s
@@ -27,13 +30,13 @@ def test_medusa_top1_vs_target_reads_the_targets_argmax_one_position_back():
     head1 = torch.nn.functional.one_hot(torch.tensor([[4, 0, 3, 0, 0, 0]]), V).float()  # right at t=0
     logits = torch.stack([head0, head1])  # [K=2, 1, T, V]
     loss_mask = torch.tensor([[0, 0, 1, 1, 1, 1]])  # scored: head 0 at t=0..3, head 1 at t=0..2
-    acc = medusa_top1_vs_target(logits, target_logits, loss_mask)
+    acc = medusa_loss(logits, target_tokens(target_logits), loss_mask)[1]["top1"]
     # head 0: t=0 (pick 1 ✓), t=1 (4 ✓), t=2 (pick 1, drew 0 ✗), t=3 (pick 0 ✓) -> 3/4; head 1: t=0 ✓ only.
     assert acc.tolist() == pytest.approx([3 / 4, 1 / 3])
 
 
 def test_eval_prompts_cut_chat_rows_before_the_answer_and_text_rows_at_the_prefix():
-    from train.evaluate import eval_prompts
+    from train.evaluation import eval_prompts
 
     rows = [
         {"input_ids": list(range(10, 20)), "loss_mask": [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]},  # chat

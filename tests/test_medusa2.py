@@ -29,7 +29,7 @@ from test_train import (
 
 from heads.medusa import medusa_loss
 from train.config import JointConfig, load_config
-from train.losses import backbone_stats, medusa2_loss
+from train.medusa2 import backbone_stats, medusa2_loss
 
 tiny_target, tiny_data = test_train.tiny_target, test_train.tiny_data
 _fresh_accelerate_state = test_train._fresh_accelerate_state
@@ -125,7 +125,7 @@ def test_config_errors(overrides, message):
 
 
 def test_refuses_zero3_and_an_adapted_target():
-    from train.train_heads import check_joint
+    from train.medusa2 import check_joint
 
     cfg = load_config(None, ["joint.enabled=true"])
     with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3"):

@@ -281,13 +281,14 @@ def test_chat_prompt_longer_than_the_context_is_skipped_and_counted(target, tmp_
 
 
 def test_cli(target_dir, tmp_path, capsys):
-    import importlib.util
+    """scripts/regenerate_data.py's command line: `RegenConfig` through `heads.config.parse_cli`, then
+    `train.regenerate.cli`."""
+    import types
 
-    spec = importlib.util.spec_from_file_location(
-        "regenerate_data", os.path.join(os.path.dirname(__file__), "..", "scripts", "regenerate_data.py")
-    )
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from heads.config import parse_cli
+    from train.regenerate import cli as regen_cli
+
+    cli = types.SimpleNamespace(main=lambda argv: regen_cli(parse_cli(RegenConfig, argv)))
     data = write_jsonl(tmp_path / "in.jsonl", TEXT_ROWS)
     out = str(tmp_path / "cli.jsonl")
     args = [

@@ -368,6 +368,56 @@ def test_bad_data_row_is_one_line(tiny_target, tmp_path):
 # ---------------------------------------------------------------------------------------------- multi-process
 
 
+# Top-level names a train/ module must never take: `python train/train_heads.py` (and `accelerate launch`
+# of it) puts train/ first on sys.path, where train/X.py would be imported for any `import X`.
+_TOP_LEVEL = {
+    "accelerate", "configs", "datasets", "deepspeed", "demo", "evaluate", "heads", "huggingface_hub", "infer",
+    "numpy", "omegaconf", "peft", "safetensors", "scripts", "setup", "tests", "tokenizers", "torch", "tqdm",
+    "train", "transformers", "wandb", "yaml",
+}  # fmt: skip
+
+
+def test_no_train_module_shadows_a_top_level_module():
+    """Issue 13: train/ runs as a script without a sys.path edit, so none of its modules may share a name
+    with the standard library, an installed or project top-level package, or a well-known one above."""
+    import importlib.machinery
+
+    train_dir = os.path.join(REPO, "train")
+    names = [n[:-3] for n in os.listdir(train_dir) if n.endswith(".py") and n != "__init__.py"]
+    names += [n for n in os.listdir(train_dir) if os.path.isfile(os.path.join(train_dir, n, "__init__.py"))]
+    elsewhere = [p for p in sys.path if os.path.abspath(p or os.curdir) != train_dir]
+    assert "train_heads" in names and "state" in names  # the listing is train/'s
+    for name in names:
+        assert name not in sys.stdlib_module_names, f"train/{name} shadows the standard library's {name}"
+        assert name not in _TOP_LEVEL, f"train/{name} shadows the package {name}"
+        found = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        assert found is None, f"train/{name} shadows {found.origin or found.submodule_search_locations}"
+
+
+def test_no_train_module_edits_sys_path():
+    """No module in train/ edits sys.path (but the speed benchmark's import of the user's checkout of the
+    original EAGLE-3 trainer, train/eagle3_speed.py, which is not the project's code)."""
+    import re
+
+    for name in sorted(os.listdir(os.path.join(REPO, "train"))):
+        if name.endswith(".py"):
+            with open(os.path.join(REPO, "train", name)) as f:
+                edits = re.findall(r"sys\.path(?:\.insert|\.append|\[0\]\s*=|\s*=)", f.read())
+            assert len(edits) == (name == "eagle3_speed.py"), (name, edits)
+
+
+@pytest.mark.slow
+def test_train_heads_runs_as_a_script_and_as_a_module():
+    """`python train/train_heads.py` (train/ first on sys.path) and `python -m train.train_heads` import
+    everything they need without a sys.path edit."""
+    for how in ([os.path.join(REPO, "train", "train_heads.py")], ["-m", "train.train_heads"]):
+        proc = subprocess.run(
+            [sys.executable, *how, "--help"],
+            env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0 and "--features" in proc.stdout, (how, proc.stderr[-3000:])
+
+
 @pytest.mark.slow
 def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
     """`accelerate launch` with configs/accelerate/deepspeed_zero2.yaml, 2 CPU processes, bf16 via DeepSpeed."""

@@ -142,19 +142,18 @@ def test_eagle_resume_after_kill_matches_uninterrupted_run(tiny_target, tiny_dat
 def test_offline_features_give_the_online_loss(head_type, tiny_target, tiny_data, tmp_path, capsys):
     """scripts/dump_features.py -> FeatureShards -> collate_features: the same batch gives the same loss as
     running the target online; a second dump skips the finished shards; a run trains from the features."""
-    import importlib.util
-
+    from heads.config import parse_cli
+    from train import features as dump_features
     from train import train_heads
     from train.config import load_config
 
-    spec = importlib.util.spec_from_file_location(
-        "dump_features", os.path.join(test_train.REPO, "scripts/dump_features.py")
-    )
-    dump_features = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dump_features)
-    cfg = load_config(None, _eagle_overrides(tiny_target, tiny_data, str(tmp_path / "run"), head_type))
+    overrides = _eagle_overrides(tiny_target, tiny_data, str(tmp_path / "run"), head_type)
+    cfg = load_config(None, overrides)
     feats = str(tmp_path / "features")
-    dump_features.dump(cfg, feats, shard_size=12)
+    # scripts/dump_features.py's command line: the training overrides plus --out/--shard-size.
+    opts = parse_cli(dump_features.DumpOptions, ["--out", feats, "--shard-size", "12", *overrides])
+    assert opts.run_config() == cfg and (opts.shard_size, opts.batch_size) == (12, 8)
+    dump_features.dump_main(opts)
     assert "GiB" in capsys.readouterr().out
     shards = sorted(f for f in os.listdir(feats) if f.endswith(".safetensors"))
     assert shards == ["shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"]

@@ -21,6 +21,7 @@ gradient scaler, DeepSpeed's model/optimizer shards) is checked with ``torch.loa
 
 from __future__ import annotations
 
+import enum
 import errno
 import hashlib
 import json
@@ -30,6 +31,12 @@ import re
 import shutil
 import sys
 from typing import Any
+
+import torch
+from accelerate.utils.other import TORCH_SAFE_GLOBALS
+
+from heads.io import TMP_PREFIX, atomic_text
+from train.config import to_dict
 
 RUN_FILE = ".selfspec_run.json"  # hidden: never uploaded with the heads (heads.hub ignores dot files)
 STATE_FILE = "trainer_state.json"
@@ -58,8 +65,6 @@ class CheckpointWriteError(OSError):
 
 def flat_config(cfg) -> dict[str, Any]:
     """The run config as ``{"train.lr": 0.01, ...}`` without `MUTABLE_KEYS`."""
-    from train.config import to_dict
-
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -99,10 +104,8 @@ def read_record(output_dir: str) -> dict[str, Any] | None:
 
 
 def write_record(output_dir: str, record: dict[str, Any]) -> None:
-    from heads.io import atomic_write
-
     text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
-    atomic_write(os.path.join(output_dir, RUN_FILE), lambda p: open(p, "w").write(text))
+    atomic_text(os.path.join(output_dir, RUN_FILE), text)
 
 
 def mark_finished(output_dir: str, step: int) -> None:
@@ -116,7 +119,7 @@ def mark_finished(output_dir: str, step: int) -> None:
 
 def check_writable(directory: str) -> None:
     """Create and delete a probe file: permissions and read-only mounts (also for root) fail here."""
-    probe = os.path.join(directory, f".tmp-write-probe-{os.getpid()}")
+    probe = os.path.join(directory, f"{TMP_PREFIX}write-probe-{os.getpid()}")
     try:
         with open(probe, "w") as f:
             f.write("x")
@@ -134,7 +137,7 @@ def _holds_results(output_dir: str) -> bool:
 
 def _wipe(output_dir: str) -> None:
     for name in os.listdir(output_dir):
-        if name in SELFSPEC_FILES or name.startswith(".tmp-"):
+        if name in SELFSPEC_FILES or name.startswith(TMP_PREFIX):
             path = os.path.join(output_dir, name)
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
@@ -236,8 +239,6 @@ def check_same_run(path: str, state: dict[str, Any], now: dict[str, Any]) -> Non
 def trim_metrics(path: str, step: int) -> None:
     """Drop the records of steps after ``step`` from the metrics.jsonl at ``path`` (logged before a kill,
     they are about to be logged again), and any line the kill cut short."""
-    from heads.io import atomic_text
-
     if not os.path.isfile(path):
         return
     with open(path) as f:
@@ -255,8 +256,6 @@ def trim_metrics(path: str, step: int) -> None:
 
 def any_process(acc, failed: bool) -> bool:
     """True on every process if any process passed ``failed=True`` (a collective: all must call it)."""
-    import torch
-
     if acc.num_processes == 1:
         return failed
     return bool(acc.reduce(torch.tensor([float(failed)], device=acc.device), reduction="sum").item() > 0)
@@ -267,16 +266,12 @@ def any_process(acc, failed: bool) -> bool:
 
 def _safe_globals() -> list:
     """What a weights-only load may rebuild besides tensors: numpy's RNG state (accelerate's own list)."""
-    from accelerate.utils.other import TORCH_SAFE_GLOBALS
-
     return list(TORCH_SAFE_GLOBALS)
 
 
 def safe_torch_load(path: str, map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)``: tensors, containers, numbers and the allow-listed numpy RNG types;
     anything else (a pickled callable) raises ``ValueError`` naming the file, and nothing is executed."""
-    import torch
-
     try:
         with torch.serialization.safe_globals(_safe_globals() + _deepspeed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -347,7 +342,7 @@ def _deepspeed_globals() -> list:
     attributes and a (start, numel) pair. Allow exactly those, nothing callable."""
     if "deepspeed" not in sys.modules:  # not a DeepSpeed run: its files are refused (and not imported here)
         return []
-    try:
+    try:  # heavy and optional: imported only when a DeepSpeed run already loaded it
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
         from deepspeed.utils.tensor_fragment import fragment_address
@@ -360,8 +355,6 @@ def _enum_member(cls: Any, name: Any) -> Any:
     """What a checkpoint's ``getattr(cls, name)`` may do: some pickles store an enum member by name
     (DeepSpeed's ``ZeroStageEnum.gradients``). Only a member of an allow-listed enum is returned; real
     ``getattr`` would hand the unpickler any attribute (a function's ``__globals__``, ...)."""
-    import enum
-
     if (
         isinstance(cls, type)
         and issubclass(cls, enum.Enum)

@@ -29,7 +29,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from heads import config
+from huggingface_hub.utils import validate_repo_id
+
+import heads  # noqa: F401  (importing the package registers every head type)
+from heads import config, registry
 from train.data import DataConfig
 
 DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
@@ -37,8 +40,6 @@ DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
 HUB_STRATEGIES = ("end", "every_save")
-# Head types the training loop knows how to compute a loss for (`train.train_heads.batch_loss`).
-TRAINABLE_HEADS = ("medusa", "eagle", "eagle3")
 
 
 @dataclass
@@ -68,7 +69,7 @@ class TargetConfig:
 class HeadsConfig:
     """Which draft heads to train.
 
-    ``type`` picks the head family from the registry in `heads.base`. ``num_heads``, ``num_layers``
+    ``type`` picks the head family from the registry (`heads.registry`). ``num_heads``, ``num_layers``
     and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
     that name); ``options`` holds any further keyword of the head type's config class, so new head
     types need no change here. EAGLE-1/2 (``type: eagle``): ``draft_layer``, ``w_reg``, ``w_cls``,
@@ -89,16 +90,21 @@ class HeadsConfig:
         self.head_kwargs()  # validates every value by building a config of that head type
 
     def head_config_cls(self) -> type:
-        import heads  # noqa: F401  (importing the package registers every head type)
-        from heads.registry import REGISTRY
-
-        if self.type not in REGISTRY:
-            raise ValueError(f"heads.type {self.type!r} is unknown; known head types: {sorted(REGISTRY)}")
-        if self.type not in TRAINABLE_HEADS:
+        """The head type's config class; a head type is trainable when its registry entry has an objective."""
+        if self.type not in registry.REGISTRY:
             raise ValueError(
-                f"training {self.type!r} heads is not implemented yet; trainable: {list(TRAINABLE_HEADS)}"
+                f"heads.type {self.type!r} is unknown; known head types: {sorted(registry.REGISTRY)}"
             )
-        return REGISTRY[self.type].config
+        entry = registry.REGISTRY[self.type]
+        if getattr(entry, "objective", None) is None:
+            trainable = sorted(
+                n for n, e in registry.REGISTRY.items() if getattr(e, "objective", None) is not None
+            )
+            raise ValueError(
+                f"training {self.type!r} heads is not implemented yet (its registry entry has no training "
+                f"objective); trainable: {trainable}"
+            )
+        return entry.config
 
     def head_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the head type's config class (the target's sizes are added later)."""
@@ -199,7 +205,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """The measured acceptance length τ of each held-out eval (`train.evaluate.measure_tau`): greedy
+    """The measured acceptance length τ of each held-out eval (`train.evaluation.measure_tau`): greedy
     `infer.generate` with the heads' default tree (EAGLE: the dynamic-tree defaults) on the first
     ``measured_tau_prompts`` held-out rows. A chat row's prompt is its conversation up to the first
     assistant answer (the tokens before its first training label); a text row's is its first
@@ -316,9 +322,10 @@ class RunConfig:
         if self.report_to not in REPORT_TO:
             raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}; got {self.report_to!r}")
         self._check_hub()
-        if self.joint.enabled and self.heads.type != "medusa":
+        joint = sorted(n for n, e in registry.REGISTRY.items() if getattr(e, "joint_training", False))
+        if self.joint.enabled and self.heads.type not in joint:
             raise ValueError(
-                f"joint training (Medusa-2, joint.enabled: true) needs heads.type: medusa, got "
+                f"joint training (Medusa-2, joint.enabled: true) needs heads.type: {' or '.join(joint)}, got "
                 f"{self.heads.type!r}; train {self.heads.type} heads on the frozen target (joint.enabled: false)"
             )
         if self.overwrite and self.resume is not None:
@@ -345,8 +352,6 @@ class RunConfig:
                 "hub_model_id=your-name/my-heads"
             )
         if self.hub_model_id:
-            from huggingface_hub.utils import validate_repo_id
-
             try:
                 validate_repo_id(self.hub_model_id)
             except ValueError as e:

@@ -16,13 +16,9 @@ data that is the assistant turns only (training on user or system text is a know
 training accuracy and poor acceptance, docs/design.md §8), rendered exactly as the serving engine will
 render them, i.e. with the tokenizer's own chat template. For plain text every token is a label.
 
-Finding assistant tokens works for any template without ``{% generation %}`` support: render the
-whole conversation; for assistant message ``i`` the turn starts where the rendering of
-``messages[:i]`` with ``add_generation_prompt=True`` ends (that text must be a prefix of the whole
-rendering) and its content is located right after; the template's end-of-turn token (the first
-special token after the content, within the turn) is masked in too, so the heads learn to stop. The
-rendered text is tokenized once, with offsets, and a token is masked in iff its characters overlap
-an assistant span. Nothing is tokenized in pieces, so the token ids are exactly those a server gets.
+How assistant tokens are found for any chat template is `train.chat`'s job; where rows come from
+(files, directories, Hub datasets) `train.sources`'. Nothing is tokenized in pieces, so the token ids
+are exactly those a server gets.
 
 Every row is validated during tokenization, before any training starts; a bad row raises a one-line
 `DataError` such as ``data.jsonl row 3: conversation has no assistant turn`` (rows are 0-based, as in
@@ -31,12 +27,7 @@ Every row is validated during tokenization, before any training starts; a bad ro
 
 from __future__ import annotations
 
-import bisect
-import gzip
-import json
 import logging
-import os
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,30 +35,25 @@ from typing import Any
 import datasets
 import torch
 
+# What other modules import from here: the row loaders and the chat rendering live in their own modules.
+from train.chat import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
+from train.sources import JSON_SUFFIXES, PARQUET_SUFFIXES, DataError, _head, _load, _sample, _Source
+
+__all__ = [
+    "FORMATS", "FORMAT_COLUMNS", "JSON_SUFFIXES", "PARQUET_SUFFIXES", "ROLES", "DataConfig", "DataError",
+    "_head", "_load", "_render", "assistant_spans", "build_datasets", "chat_mask", "collate",
+    "detect_format", "load_raw", "to_messages", "tokenize_dataset",
+]  # fmt: skip
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "text", "sharegpt", "messages")
 # format -> the column that holds it; "auto" tries them in this order (chat before plain text).
 FORMAT_COLUMNS = {"messages": "messages", "sharegpt": "conversations", "text": "text"}
-JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-PARQUET_SUFFIXES = (".parquet",)
-# Role spellings of OpenAI-style messages and ShareGPT, mapped to the roles chat templates expect.
-ROLES = {
-    "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "model": "assistant",
-}
 _ACCEPTED = (
     "text (a 'text' column of strings), sharegpt (a 'conversations' column of {from, value} turns) or "
     "messages (a 'messages' column of {role, content} turns)"
 )
-
-
-class DataError(ValueError):
-    """A problem with the training data. The message is one line naming the file (and row, if any)."""
 
 
 @dataclass
@@ -134,157 +120,6 @@ class DataConfig:
 # ----------------------------------------------------------------------------- loading
 
 
-@dataclass(frozen=True)
-class _Source:
-    """Maps a row index of a loaded (maybe concatenated, maybe subsampled) dataset to its file and row.
-
-    parts: (label, number of rows) per file, in concatenation order. rows: if set, row i of the
-    dataset is original row ``rows[i]`` (after subsampling).
-    """
-
-    label: str
-    parts: tuple[tuple[str, int], ...]
-    rows: tuple[int, ...] | None = None
-
-    def where(self, i: int) -> str:
-        if self.rows is not None:
-            i = self.rows[i]
-        for part, n in self.parts:
-            if i < n:
-                return f"{part} row {i}"
-            i -= n
-        return f"{self.label} row {i}"
-
-
-def _one_line(e: BaseException) -> str:
-    """The innermost cause of ``e`` as ``Type: first line`` (datasets wraps the useful error)."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-
-
-def _looks_like_path(s: str) -> bool:
-    """True for a string that can only be a local path (a Hub id is ``name`` or ``org/name``)."""
-    return (
-        s.startswith(("./", "../", "/", "~"))
-        or s.count("/") > 1
-        or s.endswith(JSON_SUFFIXES + PARQUET_SUFFIXES)
-    )
-
-
-def _local_files(path: str, label: str) -> list[tuple[str, str]] | None:
-    """(file, label) pairs for a local path, None for a Hub id. Raises DataError for a missing path."""
-    full = os.path.expanduser(path)
-    if not os.path.exists(full):
-        if _looks_like_path(path):
-            raise DataError(f"{label}: no such file or directory")
-        return None
-    suffixes = JSON_SUFFIXES + PARQUET_SUFFIXES
-    if os.path.isfile(full):
-        if not full.endswith(suffixes):
-            raise DataError(f"{label}: unsupported file type; expected one of {', '.join(suffixes)}")
-        return [(full, label)]
-    names = sorted(
-        os.path.relpath(os.path.join(root, f), full)
-        for root, _, files in os.walk(full)
-        for f in files
-        if f.endswith(suffixes) and not f.startswith(".")
-    )
-    if not names:
-        raise DataError(f"{label}: directory has no {', '.join(suffixes)} files")
-    if any(n.endswith(PARQUET_SUFFIXES) for n in names) and any(n.endswith(JSON_SUFFIXES) for n in names):
-        raise DataError(f"{label}: directory mixes JSON and parquet files; keep one kind per directory")
-    return [(os.path.join(full, n), os.path.join(path, n)) for n in names]
-
-
-def _json_rows_problem(file: str, label: str) -> str | None:
-    """Find why a JSON/JSONL file did not load: the first unparsable row, or an empty file."""
-    opener = gzip.open if file.endswith(".gz") else open
-    with opener(file, "rt", encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    if not text.strip():
-        return f"{label}: file is empty"
-    if text.lstrip().startswith("["):  # one JSON array
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            return f"{label}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-        if bad is not None:
-            return f"{label} row {bad}: expected a JSON object, got {type(rows[bad]).__name__}"
-        return None if rows else f"{label}: file is empty"
-    row = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            return f"{label} row {row}: invalid JSON ({e.msg} at column {e.colno})"
-        if not isinstance(obj, dict):
-            return f"{label} row {row}: expected a JSON object, got {type(obj).__name__}"
-        row += 1
-    return None
-
-
-def _parquet_problem(file: str, label: str) -> str | None:
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.ParquetFile(file).metadata.num_rows
-    except Exception as e:
-        return f"{label}: not a readable parquet file ({_one_line(e)})"
-    return f"{label}: file is empty" if rows == 0 else None
-
-
-def _load_file(file: str, label: str) -> datasets.Dataset:
-    if os.path.getsize(file) == 0:
-        raise DataError(f"{label}: file is empty")
-    builder = "parquet" if file.endswith(PARQUET_SUFFIXES) else "json"
-    try:
-        return datasets.load_dataset(builder, data_files=file, split="train")
-    except Exception as e:
-        problem = _json_rows_problem(file, label) if builder == "json" else _parquet_problem(file, label)
-        raise DataError(problem or f"{label}: could not load ({_one_line(e)})") from e
-
-
-def _load(path: str, split: str) -> tuple[datasets.Dataset, _Source]:
-    """Load every row of ``path`` (Hub id, file or directory) and where each row came from."""
-    files = _local_files(path, path)
-    if files is None:
-        label = f"{path} (split {split})"
-        try:
-            ds = datasets.load_dataset(path, split=split)
-        except Exception as e:
-            raise DataError(f"{label}: could not load Hub dataset ({_one_line(e)})") from e
-        parts = ((label, len(ds)),)
-    else:
-        label = path
-        loaded = [(_load_file(f, lab), lab) for f, lab in files]
-        parts = tuple((lab, len(d)) for d, lab in loaded)
-        try:
-            ds = datasets.concatenate_datasets([d for d, _ in loaded]) if len(loaded) > 1 else loaded[0][0]
-        except Exception as e:
-            raise DataError(f"{label}: files do not share one schema ({_one_line(e)})") from e
-    if len(ds) == 0:
-        raise DataError(f"{label}: dataset is empty")
-    return ds, _Source(label, parts)
-
-
-def _head(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
-    """The first ``n`` rows (row indices, and so error messages, stay those of the file)."""
-    return ds if n is None or len(ds) <= n else ds.select(range(n))
-
-
-def _sample(ds: datasets.Dataset, src: _Source, n: int, seed: int) -> tuple[datasets.Dataset, _Source]:
-    """A seeded random subset of ``n`` rows, kept in file order, with its row map."""
-    if len(ds) <= n:
-        return ds, src
-    rows = tuple(sorted(random.Random(seed).sample(range(len(ds)), n)))
-    return ds.select(rows), _Source(src.label, src.parts, rows)
-
-
 def _eval_size(n: int, cfg: DataConfig, label: str) -> int:
     if n < 2:
         raise DataError(
@@ -333,171 +168,6 @@ def detect_format(columns: Sequence[str], fmt: str, label: str) -> tuple[str, st
     if col not in columns:
         raise DataError(f"{label}: format {fmt!r} needs a {col!r} column; columns seen: {list(columns)}")
     return fmt, col
-
-
-def to_messages(conversation: Any, where: str) -> list[dict[str, str]]:
-    """Normalise one ShareGPT or OpenAI-style conversation to ``[{"role", "content"}]``.
-
-    Either key pair is accepted per turn (``from``/``value`` or ``role``/``content``); roles are mapped
-    with `ROLES` (human -> user, gpt/model -> assistant). Leading assistant turns (before any user or
-    system message) are dropped. Raises DataError naming ``where``.
-    """
-    if not isinstance(conversation, (list, tuple)) or not conversation:
-        kind = "an empty list" if isinstance(conversation, (list, tuple)) else type(conversation).__name__
-        raise DataError(f"{where}: conversation must be a non-empty list of messages, got {kind}")
-    messages = []
-    for j, turn in enumerate(conversation):
-        if not isinstance(turn, dict):
-            raise DataError(
-                f"{where}: message {j} must be an object with role/content, got {type(turn).__name__}"
-            )
-        role = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
-        if role is None:
-            raise DataError(f"{where}: message {j} has no role (expected a 'role' or 'from' key)")
-        if role not in ROLES:
-            raise DataError(
-                f"{where}: message {j} has unknown role {role!r}; expected one of {', '.join(ROLES)}"
-            )
-        if not isinstance(content, str):
-            raise DataError(f"{where}: message {j} content is not a string (got {type(content).__name__})")
-        messages.append({"role": ROLES[role], "content": content})
-    # Assistant turns before any user/system message have no prompt to answer, and templates cannot
-    # render the empty conversation before them; drop them, as FastChat/Medusa preprocessing does.
-    first = next((j for j, m in enumerate(messages) if m["role"] != "assistant"), len(messages))
-    messages = messages[first:]
-    if not any(m["role"] == "assistant" for m in messages):
-        raise DataError(f"{where}: conversation has no assistant turn")
-    return messages
-
-
-# ----------------------------------------------------------------------------- chat masks
-
-
-def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-    except Exception as e:
-        raise DataError(f"{where}: the chat template failed on this conversation ({_one_line(e)})") from e
-    if not isinstance(text, str):
-        raise DataError(f"{where}: apply_chat_template returned {type(text).__name__}, expected text")
-    return text
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _find(text: str, content: str, start: int, end: int) -> tuple[int, int] | None:
-    """Character span of ``content`` (as is, else stripped: templates often trim) in ``text[start:end]``."""
-    for s in (content, content.strip()):
-        i = text.find(s, start, end)
-        if i >= 0:
-            return i, i + len(s)
-    return None
-
-
-def assistant_spans(
-    tokenizer, messages: list[dict[str, str]], where: str
-) -> tuple[str, list[tuple[int, int, int]]]:
-    """Render ``messages`` with the tokenizer's chat template and locate every assistant turn.
-
-    Returns ``(text, spans)`` with one ``(content_start, content_end, turn_end)`` character triple per
-    assistant message: the content is ``text[content_start:content_end]``, and the turn's own
-    trailing text (where its end-of-turn token lives) ends by ``turn_end``.
-
-    The turn starts at ``len(render(messages[:i], add_generation_prompt=True))``, which must be a prefix
-    of ``render(messages)`` (else DataError: the template is not prefix-consistent). Its end is where
-    ``render(messages[:i + 1])`` stops agreeing with ``render(messages)`` (templates may add an EOS
-    after the *last* message only). Templates that render earlier assistant turns with less injected
-    text than the last one (e.g. dropping an empty ``<think></think>`` block) are accepted too.
-    """
-    text = _render(tokenizer, messages, False, where)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prompt = _render(tokenizer, messages[:i], True, where)
-        inconsistent = DataError(
-            f"{where}: the chat template is not prefix-consistent at message {i} (rendering messages[:{i}] "
-            "with add_generation_prompt=True is not a prefix of the rendered conversation), so assistant "
-            "tokens cannot be located"
-        )
-        if not text.startswith(prompt):
-            raise inconsistent
-        start = len(prompt)
-        upto = _render(tokenizer, messages[: i + 1], False, where)
-        agree = _common_prefix_len(upto, text)
-        found = _find(text, m["content"], start, agree)
-        if found is not None:
-            spans.append((*found, agree))
-            continue
-        # The turn renders differently inside the conversation than as its last message: find the
-        # content in the standalone rendering, then allow at most as much template text before it.
-        alone = _find(upto, m["content"], start, len(upto)) if upto.startswith(prompt) else None
-        if alone is None:
-            raise DataError(
-                f"{where}: the chat template does not render assistant message {i} verbatim, so its tokens "
-                "cannot be located"
-            )
-        found = _find(text, m["content"], start, alone[1])
-        if found is None:
-            raise inconsistent
-        spans.append((*found, min(len(text), found[1] + len(upto) - alone[1])))
-    return text, spans
-
-
-def chat_mask(
-    offsets: Sequence[tuple[int, int]],
-    ids: Sequence[int],
-    spans: Sequence[tuple[int, int, int]],
-    end_ids: set[int],
-) -> list[int]:
-    """Token-level loss mask from assistant character spans.
-
-    offsets: [T] (start, end) characters of each token; ids: [T]; spans: from `assistant_spans`;
-    end_ids: special-token ids that can end a turn. A token is masked in if its characters overlap
-    an assistant content span, or if it lies between the content and the first ``end_ids`` token that
-    ends within the turn, that token included (e.g. ``<|im_end|>``, ``<|eot_id|>``, ``</s>``). Role
-    headers, the text after the end-of-turn token, and all other turns stay 0.
-    """
-    mask = [0] * len(ids)
-    starts = [s for s, _ in offsets]
-    for c0, c1, turn_end in spans:
-        j = bisect.bisect_left(starts, c1)  # first token starting at or after the content's end
-        # content tokens: those overlapping [c0, c1) (all start before c1; zero-width ones inside count).
-        k = j - 1
-        while c1 > c0 and k >= 0 and (offsets[k][1] > c0 or offsets[k][0] >= c0):
-            mask[k] = 1
-            k -= 1
-        # end of turn: everything up to the first special token that ends within the turn.
-        for t in range(j, len(ids)):
-            if offsets[t][1] > turn_end:
-                break
-            if ids[t] in end_ids:
-                for u in range(j, t + 1):
-                    mask[u] = 1
-                break
-    return mask
-
-
-def _end_ids(tokenizer) -> set[int]:
-    """Ids of special tokens (the candidates for an end-of-turn token)."""
-    ids = set(tokenizer.all_special_ids)
-    ids.update(i for i, tok in tokenizer.added_tokens_decoder.items() if getattr(tok, "special", False))
-    return ids
 
 
 def _tokenize_row(
@@ -549,7 +219,7 @@ def _tokenize(ds: datasets.Dataset, tokenizer, cfg: DataConfig, source: _Source)
             fmt=fmt,
             max_length=cfg.max_length,
             source=source,
-            end_ids=_end_ids(tokenizer),
+            end_ids=end_ids(tokenizer),
         ),
         remove_columns=ds.column_names,
         num_proc=min(cfg.num_proc, len(ds)) if cfg.num_proc > 1 else None,

@@ -1,6 +1,6 @@
 """EAGLE-3 training-step speed: where one step's time and memory go, and tokens/s against the original.
 
-A step is what `train.train_heads.fit` does per micro-batch: `train.train_heads.batch_loss` (the frozen
+A step is what `train.train_heads.fit` does per micro-batch: `train.objective.batch_loss` (the frozen
 target's forward with its aux layers and full-vocab logits, the TTT unroll, the loss over the draft
 vocab), ``loss.backward()`` and an AdamW step. `part_split` times its parts with forward hooks on the
 target's decoder stack, the target's lm_head and the draft layer, so it needs no change to the code it
@@ -28,6 +28,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import LlamaForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from heads.graft import freeze, load_target
+from train.objective import batch_loss
 
 PARTS = (
     "target forward (aux layers)",
@@ -55,10 +60,7 @@ def demo_like_target(dtype: torch.dtype, cache: str | None = None, seed: int = 0
     """The demo target (`train.demo`, size ``full``) if it is already built in the cache, else a randomly
     initialised ``LlamaForCausalLM`` with its exact config (same shapes, so the same cost per step).
     Returns (frozen model in ``dtype``, a sentence saying which)."""
-    from transformers import LlamaForCausalLM
-
-    from heads.graft import freeze, load_target
-    from train.demo import SPECS, _llama_config, cache_dir
+    from train.demo import SPECS, _llama_config, cache_dir  # the demo builder: only for this benchmark
 
     path = os.path.join(cache or cache_dir(), f"demo-target-full-s{seed}")
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -91,13 +93,12 @@ def autocast(dtype: torch.dtype | None):
 
 def our_step(target: nn.Module, head: nn.Module, lr: float = 1e-4, amp: torch.dtype | None = None):
     """A training step of ours on a batch: `batch_loss` + backward + AdamW, as `fit` runs it."""
-    from train.train_heads import batch_loss
-
     run = SimpleNamespace(
-        cfg=SimpleNamespace(joint=SimpleNamespace(enabled=False)),
+        cfg=SimpleNamespace(joint=SimpleNamespace(enabled=False), train=SimpleNamespace(decay=0.8)),
         head_config=head.config,
         heads=head,
         target=target,
+        lm_head=target.get_output_embeddings(),
     )
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95))
     parts = {"backward": 0.0, "optimizer step": 0.0}
@@ -231,7 +232,6 @@ def part_split(
 def _transformers5_shims(cnets) -> None:
     """What the original trainer's vendored Llama needs to build under transformers 5: a ``default`` RoPE
     init (removed from ``ROPE_INIT_FUNCTIONS``) and ``_tied_weights_keys`` as a mapping (it was a list)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     def default_rope(config, device=None, **_):
         dim = config.hidden_size // config.num_attention_heads
@@ -271,8 +271,8 @@ def reference_step(
         raise FileNotFoundError(
             f"--reference {path!r}: no cnets.py (give SafeAILab/EAGLE's eagle/traineagle3)"
         )
-    sys.path.insert(0, path)
-    import cnets  # the user's checkout of the original trainer
+    sys.path.insert(0, path)  # the user's checkout: its cnets.py imports its own siblings (configs, ...)
+    import cnets  # the original trainer, imported (never copied) from where the user keeps it
 
     from configs import EConfig
 

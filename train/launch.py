@@ -17,12 +17,15 @@ import logging
 import subprocess
 import sys
 
+from accelerate.commands.launch import launch_command, launch_command_parser
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from train.config import load_config
+from train.train_heads import parse_args
+
 
 def _check_run_config(script_args: list[str]) -> None:
     """Load the training script's config as train_heads would: a bad key or value is one line, now."""
-    from train.config import load_config
-    from train.train_heads import parse_args
-
     args = parse_args(script_args)
     try:
         load_config(args.config, list(args.overrides) + (["resume=auto"] if args.resume else []))
@@ -31,8 +34,6 @@ def _check_run_config(script_args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from accelerate.commands.launch import launch_command, launch_command_parser
-
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.training_script.endswith("train_heads.py"):
         _check_run_config(list(args.training_script_args))
@@ -44,8 +45,6 @@ def main(argv: list[str] | None = None) -> None:
     except subprocess.CalledProcessError as e:  # the single-process launcher
         raise SystemExit(e.returncode or 1) from None
     except Exception as e:
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
         if not isinstance(e, ChildFailedError):
             raise
         codes = [f.exitcode for f in e.failures.values()]

@@ -43,26 +43,37 @@ row is skipped rather than truncated (a truncated prompt would lose the template
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
-from train.data import DataError, _load, _render, detect_format, to_messages
+from heads.graft import load_target
+from heads.io import atomic_text
+from train.config import DEMO_NAMES
+from train.data import DataError, _load, detect_format
+from train.regen_generate import (  # noqa: F401  (generate_batch, context_length: part of this module's API)
+    chat_row,
+    context_length,
+    eos_ids,
+    generate_batch,
+    regen_chat,
+    regen_text,
+)
 
 logger = logging.getLogger(__name__)
 
 INDEX_KEY = "source_index"
 META_SUFFIX = ".meta"  # not a data suffix, so a directory of outputs still loads as data
-DEMO_DATA = {"demo": "full", "demo-tiny": "tiny"}
-_NO_ASSISTANT = "conversation has no assistant turn"
+DEMO_DATA = DEMO_NAMES  # demo / demo-tiny: the demo head-training data
 
 
 @dataclass
@@ -84,21 +95,34 @@ class RegenConfig:
     seed: sampling seed (unused when greedy).
     dtype: the target's dtype: auto (as stored) | bf16 | fp16 | fp32.
     device: where the target runs (None: cuda if available, else cpu).
+    threads: torch CPU threads for the run (None: torch's default); does not change the text.
+
+    `heads.config.load` / `heads.config.parse_cli` build it (``scripts/regenerate_data.py``'s flags).
     """
 
-    target: str
-    data: str
-    out: str
-    split: str = "train"
-    format: str = "auto"
-    temperature: float = 0.0
-    max_new_tokens: int = 256
-    batch_size: int = 16
-    prompt_tokens: int = 32
-    limit: int | None = None
-    seed: int = 0
-    dtype: str = "auto"
-    device: str | None = None
+    target: str = field(metadata={"help": "Hub id, local model dir, or demo / demo-tiny"})
+    data: str = field(
+        metadata={
+            "help": "local .jsonl/.json/.parquet file or directory, Hub dataset id, or demo / demo-tiny"
+        }
+    )
+    out: str = field(metadata={"help": "output JSONL (appended to; rerun to resume)"})
+    split: str = field(
+        default="train",
+        metadata={
+            "help": "Hub dataset split; for demo data: train | eval | prompts | train-chat | eval-chat"
+        },
+    )
+    format: str = field(default="auto", metadata={"help": "auto | text | sharegpt | messages"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy; T > 0 samples at T"})
+    max_new_tokens: int = field(default=256, metadata={"help": "per assistant turn / continuation"})
+    batch_size: int = field(default=16, metadata={"help": "rows per generate call"})
+    prompt_tokens: int = field(default=32, metadata={"help": "text rows: leading tokens kept as the prompt"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N input rows"})
+    seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
+    dtype: str = field(default="auto", metadata={"help": "auto (as stored) | bf16 | fp16 | fp32"})
+    device: str | None = field(default=None, metadata={"help": "default: cuda if available, else cpu"})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
 
     def __post_init__(self) -> None:
         if not self.out:
@@ -113,6 +137,8 @@ class RegenConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             raise ValueError(f"limit must be None or an int >= 1, got {self.limit!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be None or an int >= 1, got {self.threads!r}")
 
     def settings(self) -> dict[str, Any]:
         """The settings that change the generated text (recorded in ``OUT.meta``, checked on resume)."""
@@ -219,122 +245,47 @@ def _check_meta(out: str, settings: dict[str, Any], fresh: bool) -> None:
                 "write to a new output path"
             )
         return
-    from heads.io import atomic_text
-
     text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
     atomic_text(meta, text)
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def eos_ids(model: nn.Module, tokenizer) -> list[int]:
-    """Token ids that end a generation: the model's generation_config eos (an int or a list: chat
-    models often stop on an end-of-turn token too) and the tokenizer's eos."""
-    ids: list[int] = []
-    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        for i in src if isinstance(src, (list, tuple)) else [src]:
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    if not ids:
-        raise ValueError(
-            "the target has no eos token (generation_config.eos_token_id and tokenizer.eos_token_id)"
-        )
-    return ids
-
-
-def context_length(model: nn.Module) -> int | None:
-    """The target's context in tokens (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
-    cfg = model.config.get_text_config()
-    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-
-
-def generate_batch(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos: Sequence[int],
-    pad_id: int,
-    temperature: float = 0.0,
-    seed: int | None = None,
-) -> list[list[int]]:
-    """Continue each prompt with the target; returns the new tokens of each, eos excluded.
-
-    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (0 on
-    padding), so every row's last real token sits at position L-1 and ``generate`` appends at L;
-    transformers derives position ids from the mask, so a padded row decodes as it would alone.
-    ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
-    ``eos`` (rows that finished early are padded after their eos). One host sync per batch.
-    """
-    from transformers import GenerationConfig
-
-    device = next(model.parameters()).device
-    L = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        input_ids[b, L - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        attention_mask[b, L - len(p) :] = 1
-    sample = temperature > 0
-    # A fresh config for the call: model.generation_config's own sampling defaults (top_p, top_k,
-    # repetition_penalty, ...) would otherwise be merged in and change the distribution.
-    gen = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=sample,
-        temperature=temperature if sample else None,
-        top_k=0 if sample else None,
-        top_p=1.0 if sample else None,
-        eos_token_id=list(eos),
-        pad_token_id=pad_id,
-    )
-    if sample and seed is not None:
-        torch.manual_seed(seed)
-    saved = model.generation_config
-    model.generation_config = gen
-    try:
-        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device))
-    finally:
-        model.generation_config = saved
-    new = out[:, L:]  # [B, n]
-    if new.shape[1] == 0:
-        return [[] for _ in prompts]
-    is_eos = torch.isin(new, torch.as_tensor(list(eos), device=new.device))
-    # first eos per row (n if none): argmax over [is_eos, True] picks the first True
-    stop = torch.cat([is_eos, torch.ones_like(is_eos[:, :1])], dim=1).int().argmax(dim=1)
-    rows, stops = new.tolist(), stop.tolist()
-    return [r[:s] for r, s in zip(rows, stops, strict=True)]
 
 
 # ----------------------------------------------------------------------------- the loop
 
 
-@dataclass
-class _Chat:
-    """One chat row in flight: its output copy, the rendered messages and where the assistant turns are."""
+def _check_rows(dataset, n: int, fmt: str, column: str, label: str) -> set[int]:
+    """Validate rows ``0..n-1`` before any generation (bad data fails in seconds, not mid-run); returns
+    the chat rows without an assistant turn (skipped). DataError for a bad row or if none is usable."""
+    skip: set[int] = set()
+    for i in range(n):
+        value = dataset[i][column]
+        where = f"{label} row {i}"
+        if fmt == "text":
+            if not isinstance(value, str):
+                raise DataError(f"{where}: {column!r} is not a string (got {type(value).__name__})")
+        elif chat_row(value, {column: value}, column, i, where) is None:
+            skip.add(i)
+    if len(skip) == n:
+        raise DataError(f"{label}: no row has an assistant turn to regenerate (all {n} rows checked)")
+    return skip
 
-    index: int
-    row: dict
-    turns: list  # the output row's turn dicts (the same objects as inside ``row``)
-    messages: list[dict[str, str]]  # normalised, leading assistant turns dropped
-    offset: int  # turns[offset + m] is messages[m]
-    assistant: list[int]  # indices into messages
-    skipped: bool = False
 
-
-def _chat_row(value: Any, row: dict, column: str, index: int, where: str) -> _Chat | None:
-    """Validate one chat row; None if it has no assistant turn (other problems raise DataError)."""
-    try:
-        messages = to_messages(value, where)
-    except DataError as e:
-        if str(e).endswith(_NO_ASSISTANT):
-            return None
-        raise
-    out = copy.deepcopy(row)
-    turns = out[column]
-    offset = len(turns) - len(messages)
-    assistant = [m for m, msg in enumerate(messages) if msg["role"] == "assistant"]
-    return _Chat(index, out, turns, messages, offset, assistant)
+def _check_inputs(model, tokenizer, dataset, cfg: RegenConfig, label: str):
+    """``(fmt, column, n, ctx)`` after the checks that need no generation: format, chat template, the text
+    budget against the target's context."""
+    if len(dataset) == 0:
+        raise DataError(f"{label}: dataset is empty")
+    columns = dataset.column_names if hasattr(dataset, "column_names") else list(dataset[0])
+    fmt, column = detect_format(columns, cfg.format, label)
+    if fmt != "text" and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{label}: {fmt} data needs a chat template, but the tokenizer has none")
+    n = min(len(dataset), cfg.limit or len(dataset))
+    ctx = context_length(model)
+    if fmt == "text" and ctx is not None and cfg.prompt_tokens + cfg.max_new_tokens > ctx:
+        raise ValueError(
+            f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds the target's "
+            f"context of {ctx} tokens; lower one of them"
+        )
+    return fmt, column, n, ctx
 
 
 def regenerate(
@@ -354,45 +305,17 @@ def regenerate(
     DataError for an empty dataset, an unknown format or bad rows, ValueError for a text budget over
     the target's context or for resuming with other settings.
     """
-    from tqdm.auto import tqdm
-
     label = label or cfg.data
-    n_total = len(dataset)
-    if n_total == 0:
-        raise DataError(f"{label}: dataset is empty")
-    columns = dataset.column_names if hasattr(dataset, "column_names") else list(dataset[0])
-    fmt, column = detect_format(columns, cfg.format, label)
-    if fmt != "text" and not getattr(tokenizer, "chat_template", None):
-        raise DataError(f"{label}: {fmt} data needs a chat template, but the tokenizer has none")
-    n = min(n_total, cfg.limit or n_total)
-    ctx = context_length(model)
-    if fmt == "text" and ctx is not None and cfg.prompt_tokens + cfg.max_new_tokens > ctx:
-        raise ValueError(
-            f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds the target's "
-            f"context of {ctx} tokens; lower one of them"
-        )
+    fmt, column, n, ctx = _check_inputs(model, tokenizer, dataset, cfg, label)
     eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-
-    # Validate every row before any generation, so bad data fails in seconds, not mid-run.
-    skip: set[int] = set()
-    for i in range(n):
-        value = dataset[i][column]
-        where = f"{label} row {i}"
-        if fmt == "text":
-            if not isinstance(value, str):
-                raise DataError(f"{where}: {column!r} is not a string (got {type(value).__name__})")
-        elif _chat_row(value, {column: value}, column, i, where) is None:
-            skip.add(i)
-    if len(skip) == n:
-        raise DataError(f"{label}: no row has an assistant turn to regenerate (all {n} rows checked)")
+    skip = _check_rows(dataset, n, fmt, column, label)
 
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     done = read_done(cfg.out)
     _check_meta(cfg.out, cfg.settings(), fresh=not done)
     report = RegenReport(out=cfg.out, format=fmt, rows=n, done_before=sum(i < n for i in done))
-    report.no_assistant = len(skip)
-    report.skipped_rows = sorted(skip)
+    report.no_assistant, report.skipped_rows = len(skip), sorted(skip)
     if skip:
         logger.warning("%s: skipping %d of %d rows with no assistant turn", label, len(skip), n)
     B = cfg.batch_size
@@ -407,18 +330,17 @@ def regenerate(
         logger.info("%s: all %d rows already regenerated", cfg.out, n)
         return report
     t0 = time.perf_counter()
-    name = os.path.basename(cfg.out)
-    bar = tqdm(total=pending, unit="row", desc=f"regenerating {name}", disable=not progress)
+    bar = tqdm(
+        total=pending, unit="row", desc=f"regenerating {os.path.basename(cfg.out)}", disable=not progress
+    )
     gen = dict(max_new_tokens=cfg.max_new_tokens, eos=eos, pad_id=pad_id, temperature=cfg.temperature)
     with open(cfg.out, "a", encoding="utf-8") as f:
-        for k, idx in chunks:
-            if not idx:
-                continue
+        for k, idx in (c for c in chunks if c[1]):
             rows = [dataset[i] for i in idx]
             if fmt == "text":
-                out_rows = _regen_text(model, tokenizer, rows, idx, column, cfg, gen, k, report, label)
+                out_rows = regen_text(model, tokenizer, rows, idx, column, cfg, gen, k, report, label)
             else:
-                out_rows = _regen_chat(model, tokenizer, rows, idx, column, cfg, gen, k, ctx, report, label)
+                out_rows = regen_chat(model, tokenizer, rows, idx, column, cfg, gen, k, ctx, report, label)
             f.write("".join(json.dumps({**r, INDEX_KEY: i}, ensure_ascii=False) + "\n" for i, r in out_rows))
             f.flush()
             os.fsync(f.fileno())  # the batch is on disk before the next starts: resume loses at most one
@@ -439,70 +361,13 @@ def regenerate(
     return report
 
 
-def _seed(cfg: RegenConfig, batch: int, turn: int) -> int:
-    return (cfg.seed * 1_000_003 + batch) * 1_009 + turn
-
-
-def _regen_text(model, tokenizer, rows, idx, column, cfg, gen, k, report, label) -> list[tuple[int, dict]]:
-    prompts = []
-    eos = set(gen["eos"])
-    for i, row in zip(idx, rows, strict=True):
-        ids = tokenizer(row[column], verbose=False)["input_ids"][: cfg.prompt_tokens]
-        while ids and ids[-1] in eos:  # a tokenizer that appends eos: continue the text, not after it
-            ids = ids[:-1]
-        if not ids:
-            raise DataError(f"{label} row {i}: the text has no tokens to use as a prompt")
-        prompts.append(ids)
-    new = generate_batch(model, prompts, seed=_seed(cfg, k, 0), **gen)
-    out = []
-    for i, row, p, c in zip(idx, rows, prompts, new, strict=True):
-        report.new_tokens += len(c)
-        text = tokenizer.decode(p + c, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        out.append((i, {**row, column: text}))
-    return out
-
-
-def _regen_chat(
-    model, tokenizer, rows, idx, column, cfg, gen, k, ctx, report, label
-) -> list[tuple[int, dict]]:
-    chats = []
-    for i, row in zip(idx, rows, strict=True):
-        chats.append(_chat_row(row[column], row, column, i, f"{label} row {i}"))
-    # Round r regenerates the r-th assistant turn of every row that has one, in one batch: turn r
-    # needs turns < r, so rounds are sequential; rows within a round are independent.
-    for r in range(max((len(c.assistant) for c in chats), default=0)):
-        live = [c for c in chats if not c.skipped and r < len(c.assistant)]
-        prompts = []
-        for c in live:
-            m = c.assistant[r]
-            text = _render(tokenizer, c.messages[:m], True, f"{label} row {c.index}")
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if ctx is not None and len(ids) + cfg.max_new_tokens > ctx:
-                c.skipped = True
-                report.too_long += 1
-                report.skipped_rows.append(c.index)
-            prompts.append(ids)
-        keep = [(c, p) for c, p in zip(live, prompts, strict=True) if not c.skipped]
-        if not keep:
-            continue
-        new = generate_batch(model, [p for _, p in keep], seed=_seed(cfg, k, r), **gen)
-        for (c, _), ids in zip(keep, new, strict=True):
-            report.new_tokens += len(ids)
-            m = c.assistant[r]
-            content = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            c.messages[m]["content"] = content
-            turn = c.turns[c.offset + m]
-            turn["content" if turn.get("content") is not None else "value"] = content
-    return [(c.index, c.row) for c in chats if not c.skipped]
-
-
 # ----------------------------------------------------------------------------- loading
 
 
 def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
     """(path or Hub id, split) for ``cfg.data``; demo / demo-tiny map to the demo data's files."""
     if cfg.data in DEMO_DATA:
-        from train.demo import ensure_demo_chat_data, ensure_demo_data
+        from train.demo import ensure_demo_chat_data, ensure_demo_data  # builds demo data: only when asked
 
         files = ensure_demo_data(DEMO_DATA[cfg.data])
         if cfg.split.endswith("-chat"):
@@ -516,14 +381,9 @@ def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
 
 def load_target_and_tokenizer(cfg: RegenConfig):
     """The frozen target (on ``cfg.device``) and its tokenizer; demo names are built on first use."""
-    from transformers import AutoTokenizer
-
-    from heads.graft import load_target
-    from train.config import DEMO_NAMES
-
     path = cfg.target
     if path in DEMO_NAMES:
-        from train.demo import ensure_demo_target
+        from train.demo import ensure_demo_target  # builds the demo target: only when it is asked for
 
         path = ensure_demo_target(DEMO_NAMES[path])
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -547,3 +407,18 @@ def report_dict(report: RegenReport) -> dict[str, Any]:
     d = asdict(report)
     d["skipped_rows"] = d["skipped_rows"][:20]
     return d
+
+
+def cli(cfg: RegenConfig) -> RegenReport:
+    """``scripts/regenerate_data.py``: run ``cfg``, print the summary and the report as JSON; an input
+    problem (bad data, a missing model) ends in one ``error: ...`` line."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        report = run(cfg)
+    except (ValueError, OSError) as e:  # DataError is a ValueError; a missing model an OSError
+        raise SystemExit(f"error: {e}") from None
+    print(report.summary())
+    print(json.dumps(report_dict(report)))
+    return report

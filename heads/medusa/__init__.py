@@ -37,6 +37,7 @@ register(
         objective=OBJECTIVE,
         proposer="static_tree",
         tree="static",
+        joint_training=True,  # Medusa-2 (`train.medusa2`)
         exports=EXPORTS,
         import_state=import_state,
         detect=detect,

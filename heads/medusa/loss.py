@@ -113,4 +113,5 @@ OBJECTIVE = Objective(
     weights=lambda cfg, decay: [decay**k for k in range(cfg.num_heads)],
     target_kwargs=lambda cfg: {},
     loss=_objective_loss,
+    top1_vs="data",  # the heads learn the data's tokens (their loss reads input_ids as labels only)
 )

@@ -23,8 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from heads.medusa import medusa_labels, medusa_loss
+import infer
+from heads import registry
+from infer.generate import context_length
 from train.losses import simulated_accept_length
+from train.objective import batch_loss, loss_inputs, position_name, position_weights, target_forward
 
 
 def _keep_rows(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -39,50 +42,47 @@ def _keep_rows(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
     return {**batch, "loss_mask": batch["loss_mask"] * keep[:, None].to(batch["loss_mask"].dtype)}
 
 
-def medusa_top1_vs_target(head_logits: Tensor, target_logits: Tensor, loss_mask: Tensor) -> Tensor:
-    """[K] fraction of scored positions where Medusa head k's argmax equals the target's argmax.
-
-    head_logits: [K, B, T, V] (head k at t predicts token t+2+k); target_logits: [B, T, V] (position s
-    predicts token s+1, so the target's choice for token t+2+k is its argmax at t+1+k); loss_mask: [B, T].
-    Scored positions are `medusa_labels`' (``loss_mask[t+2+k] == 1``), the same as ``top1_vs_data``'s.
-    """
+def target_tokens(target_logits: Tensor) -> Tensor:
+    """[B, T, V] target logits (position s predicts token s+1) -> [B, T]: at s >= 1, the target's greedy
+    choice for token s (its argmax at s-1); position 0, never a label, repeats the first choice."""
     choice = target_logits.argmax(-1)  # [B, T]: the target's pick for token s+1
-    as_tokens = torch.cat([choice[:, :1], choice[:, :-1]], dim=1)  # [B, T]: its pick for token s (s >= 1)
-    labels = medusa_labels(as_tokens, loss_mask, head_logits.shape[0])  # [K, B, T]
-    valid = labels != -100
-    hit = (head_logits.argmax(-1) == labels) & valid
-    return hit.sum((1, 2)).float() / valid.sum((1, 2)).clamp(min=1).float()
+    return torch.cat([choice[:, :1], choice[:, :-1]], dim=1)
 
 
 def eval_batch(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
     """One held-out batch's metrics ([K] tensors, ``count`` included) with the accuracies named by what
-    they compare with. Medusa on a frozen target also scores the heads against the target's own argmax
-    (one lm_head over the batch's hidden states, eval only); EAGLE's ``top1`` already is vs the target."""
-    from train.train_heads import batch_loss, target_forward
-
-    kind = run.head_config.head_type
-    if kind != "medusa" or run.cfg.joint.enabled:
+    they compare with (the head type's `heads.registry.Objective.top1_vs`). A loss scored against the
+    data, on a frozen target, is also scored against the target: the same loss with the target's greedy
+    tokens as the labels (one lm_head over the batch's hidden states where the forward kept no logits).
+    Medusa-2's target moves, so its accuracy is only against the data."""
+    objective = registry.get(run.head_config.head_type).objective
+    basis = objective.top1_vs
+    if basis == "target" or run.cfg.joint.enabled:
         _, m = batch_loss(run, batch)
         m = dict(m)
-        name = "top1_vs_data" if kind == "medusa" else "top1_vs_target"  # Medusa-2: its target moves
-        m[name] = m.pop("top1")
+        m[f"top1_vs_{basis}"] = m.pop("top1")
         if "top5" in m:
-            m["top5_vs_data"] = m.pop("top5")
-        if "top1_data" in m:  # EAGLE-1/2
+            m[f"top5_vs_{basis}"] = m.pop("top5")
+        if "top1_data" in m:  # EAGLE-1/2 also reports its accuracy against the data
             m["top1_vs_data"] = m.pop("top1_data")
         return m
-    hidden = target_forward(run, batch).hidden
-    dtype = next(run.accelerator.unwrap_model(run.heads).parameters()).dtype
-    logits = run.heads(hidden.to(dtype), run.lm_head)  # [K, B, T, V]
-    _, m = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], run.cfg.train.decay)
-    target_logits = run.lm_head(hidden.to(run.lm_head.weight.dtype))  # argmax-equal to the soft-capped ones
-    return {
+    out = target_forward(run, batch)
+    inputs = loss_inputs(run)
+    _, m = objective.loss(run.heads, out, batch, inputs)
+    T = batch["input_ids"].shape[1]
+    logits = out.logits
+    if logits is None or logits.shape[1] != T:  # argmax-equal to the (soft-capped) logits of the forward
+        logits = run.lm_head(out.hidden.to(run.lm_head.weight.dtype))
+    _, vs_target = objective.loss(run.heads, out, {**batch, "input_ids": target_tokens(logits)}, inputs)
+    metrics = {
         "loss": m["loss"],
         "count": m["count"],
-        "top1_vs_target": medusa_top1_vs_target(logits, target_logits, batch["loss_mask"]),
+        "top1_vs_target": vs_target["top1"],
         "top1_vs_data": m["top1"],
-        "top5_vs_data": m["top5"],
     }
+    if "top5" in m:
+        metrics["top5_vs_data"] = m["top5"]
+    return metrics
 
 
 @torch.no_grad()
@@ -94,12 +94,10 @@ def evaluate(run) -> dict[str, Any]:
     accuracy the simulated τ uses (``top1_vs_target`` where there is one, module docstring), kept under
     that name for the model card; ``sim_accept_length_vs_target`` / ``_vs_data`` are τ from each.
     """
-    from train.train_heads import position_weights
-
     run.heads.eval()
     names: list[str] | None = None
     totals = None  # [M, K] float64: count, then count-weighted sums of every other metric
-    bb_totals = None  # Medusa-2: the adapted backbone's own next-token sums (`joint_batch_loss`)
+    bb_totals = None  # Medusa-2: the adapted backbone's own next-token sums (`train.medusa2`)
     for batch in run.eval_dl:
         m = eval_batch(run, _keep_rows(run, batch))
         bb = {k: m.pop(k).double().view(1) for k in list(m) if k.startswith("backbone_")}  # Medusa-2
@@ -131,8 +129,6 @@ def evaluate(run) -> dict[str, Any]:
 def eval_metrics(run, ev: dict[str, Any]) -> dict[str, float]:
     """The logged names: eval/loss, eval/sim_accept_length_vs_{target,data}, eval/measured_accept_length,
     and per position eval/{head,step}{k}_{loss,top1_vs_target,top1_vs_data,top5_vs_data,...}."""
-    from train.train_heads import position_name
-
     out = {"eval/loss": ev["loss"]}
     out |= {f"eval/{k}": v for k, v in ev.items() if k.startswith("sim_accept_length_vs_")}
     if "measured_accept_length" in ev:
@@ -206,9 +202,9 @@ def eval_prompts(dataset, n: int, prompt_tokens: int) -> list[Tensor]:
 
 
 def _draft_settings(model) -> str:
-    """The tree the measurement drafts with, in words (the heads' defaults or their tuned tree.json)."""
+    """The tree the measurement drafts with, in words (the heads' defaults or their tuned settings)."""
     proposer = model.proposer()
-    if hasattr(proposer, "total_tokens"):
+    if registry.of(model.heads).tree == "dynamic":
         return (
             f"EAGLE-2 dynamic tree depth {proposer.depth}, draft_top_k {proposer.top_k}, "
             f"total_tokens {proposer.total_tokens}"
@@ -229,10 +225,6 @@ def measure_tau(run) -> dict[str, Any] | None:
     resumed run stays bit-identical. None when off (``eval.measured_tau_prompts: 0``), for Medusa-2 (the
     target is the one being trained), or with no usable prompt.
     """
-    import infer
-    from heads.registry import REGISTRY
-    from infer.generate import context_length
-
     ecfg, acc = run.cfg.eval, run.accelerator
     if ecfg.measured_tau_prompts == 0 or run.cfg.joint.enabled:
         return None
@@ -243,7 +235,9 @@ def measure_tau(run) -> dict[str, Any] | None:
     if acc.is_main_process:
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            heads = REGISTRY[run.head_config.head_type].module(run.head_config)  # its init draws from the RNG
+            heads = registry.get(run.head_config.head_type).module(
+                run.head_config
+            )  # its init draws from the RNG
             heads.load_state_dict(state)
             p = next(run.target.parameters())
             model = infer.SpecModel(run.target, heads.to(device=p.device, dtype=p.dtype).eval())
