@@ -9,8 +9,7 @@ Depth d (1-based) is the d-th draft token after the target's own next token:
 - EAGLE-1/2 and EAGLE-3: the draft is unrolled on its own features, as it drafts at inference: step 1
   reads the target's features, step j >= 2 reads the draft's step j-1 output at the same pair and
   attends to the real prefix plus its own earlier steps: the head's training-time-test unroll
-  (``ttt_unroll``; for EAGLE-1/2 heads without one, `unroll_eagle` builds the same attention with a KV
-  cache and a 4D mask).
+  (``ttt_unroll``, one implementation for both EAGLE head types).
 
 The *correct* token is the target's greedy choice at that position (``--labels target``, what greedy
 verification accepts) or the data's next token (``--labels data``), scored where the data's loss mask
@@ -43,7 +42,6 @@ from heads import load_heads, load_target, registry
 from heads.base import read_config, resolve_dir
 from heads.graft import TargetOutput, resolve_demo_target, run_target
 from heads.io import atomic_text
-from infer.cache import new_cache
 from infer.settings import DEFAULTS
 from infer.tree import chain
 from infer.tune import empirical_accept_length, expected_accept_length
@@ -107,42 +105,6 @@ class RankStats:
         return self.rank_probs().cumsum(-1)
 
 
-def unroll_eagle(
-    head: nn.Module, embed: nn.Module, input_ids: Tensor, feats: Tensor, attention_mask: Tensor, steps: int
-) -> list[Tensor]:
-    """Unroll an EAGLE draft on its own features over every position at once: ``steps`` x [B, N, H] outputs.
-
-    input_ids, attention_mask: [B, T] (right padded, 1 = real); feats: [B, T, F] the target's features
-    (last hidden state for EAGLE-1/2, cat of the aux states for EAGLE-3); N = T - 1 pairs.
-    Step 0 runs the pairs k = (x_{k+1}, f_k) causally at positions k; step j >= 1 runs
-    (x_{k+1+j}, o^{j-1}_k) at position k + j and attends to the step-0 keys of pairs <= k and to pair k's
-    own keys at steps 1..j, the attention a tree path gets in `infer.eagle_draft.EagleProposer`. Output j at
-    pair k predicts the feature whose logits score token k+2+j.
-    """
-    B, T = input_ids.shape
-    N = T - 1
-    dtype = head.fc.weight.dtype
-    am = attention_mask.bool()
-    pair = am[:, :-1] & am[:, 1:]  # [B, N] pair k needs tokens k and k+1
-    toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, max(steps - 1, 0))], 1)  # [B, N+steps-1]
-    cache = new_cache()
-    out = head(toks[:, :N], feats[:, :-1], embed, attention_mask=pair.long(), cache=cache)
-    outs = [out]
-    k = torch.arange(N, device=input_ids.device)
-    prefix = (k[None, :] <= k[:, None])[None] & pair[:, None, :]  # [B, N, N] step-0 keys
-    eye = torch.eye(N, dtype=torch.bool, device=input_ids.device).expand(B, N, N)
-    neg = torch.finfo(dtype).min
-    for j in range(1, steps):
-        allowed = torch.cat([prefix] + [eye] * j, 2)  # step 0, steps 1..j-1, this step
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device).masked_fill_(~allowed, neg)
-        pos = (k + j)[None]
-        out = head(
-            toks[:, j : j + N], out, embed, position_ids=pos, attention_mask=mask[:, None], cache=cache
-        )
-        outs.append(out)
-    return outs
-
-
 def _ranks(logits: Tensor, labels: Tensor, topk: int) -> Tensor:
     """logits: [..., V], labels: [...] (-1 = not a candidate) -> rank of the label, clipped to ``topk``."""
     safe = labels.clamp(min=0)
@@ -162,12 +124,9 @@ def _eagle_logits(heads, target, batch, out: TargetOutput, depth: int) -> list[T
     ids, am = batch["input_ids"], batch["attention_mask"]
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     feats = torch.cat(out.aux, -1) if out.aux else out.hidden  # EAGLE-3: cat of the aux states
-    ttt_unroll = getattr(heads, "ttt_unroll", None)
-    if ttt_unroll is None:  # EAGLE-1/2 heads until they carry ttt_unroll (issue 13)
-        return [heads.logits(o, lm_head) for o in unroll_eagle(heads, embed, ids, feats, am, depth)]
     tokens = torch.cat([ids[:, 1:], ids[:, -1:].expand(ids.shape[0], depth - 1)], 1)
     pair = (am[:, :-1] & am[:, 1:]).long()
-    return list(heads.logits(ttt_unroll(tokens, feats[:, :-1], embed, pair, depth), lm_head))
+    return list(heads.logits(heads.ttt_unroll(tokens, feats[:, :-1], embed, pair, depth), lm_head))
 
 
 # How the heads of each proposer kind (`heads.registry.HeadType.proposer`) score every depth at once.

@@ -7,7 +7,17 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from infer.evaluate import RankStats, batch_ranks, evaluate_heads, summary, unroll_eagle
+from heads.draft_layer import cached_unroll
+from infer.evaluate import RankStats, batch_ranks, evaluate_heads, summary
+
+
+def unroll_eagle(head, embed, input_ids, feats, attention_mask, steps):
+    """`heads.draft_layer.cached_unroll` (the cache + 4D-mask unroll behind both EAGLE heads' inference-style
+    evaluation) called the way `infer.evaluate` calls it: ``steps`` x [B, T-1, H]."""
+    B = input_ids.shape[0]
+    toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, steps - 1)], 1)
+    am = attention_mask.bool()
+    return list(cached_unroll(head, toks, feats[:, :-1], embed, (am[:, :-1] & am[:, 1:]).long(), steps))
 
 
 def _batch(T: int = 14, B: int = 2, seed: int = 0):
