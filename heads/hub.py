@@ -41,6 +41,7 @@ from heads.base import (
     ADAPTER_DIR,
     CONFIG_NAME,
     LIBRARY_NAME,
+    INFERENCE_NAME,
     LOGIN_HINT,
     TREE_NAME,
     WEIGHTS_NAME,
@@ -71,7 +72,7 @@ __all__ = [
 # The only files a push uploads: what `save_heads`, `HubMixin.save_pretrained`, training
 # (`train.train_heads.save_heads_copy` / `save_final` / `save_adapter`) and `scripts/tune_tree.py` write into
 # a heads directory. Anything else there (training checkpoints, data, keys, the user's own files) stays.
-UPLOAD_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME, TRAIN_CONFIG_NAME, TREE_NAME)
+UPLOAD_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME, TRAIN_CONFIG_NAME, INFERENCE_NAME, TREE_NAME)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # PEFT's own files, no README
 
 

@@ -118,8 +118,9 @@ def test_push_uploads_the_allow_list_only_private_and_without_local_paths(target
     )
     (out / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
     (out / "adapter" / "adapter_model.safetensors").write_bytes(b"y")
+    (out / "inference.json").write_text(json.dumps({"depth": 4}))  # tuned settings travel with the heads
     allowed = ["README.md", "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "config.json",
-               "eval_results.json", "model.safetensors", "train_config.yaml"]  # fmt: skip
+               "eval_results.json", "inference.json", "model.safetensors", "train_config.yaml"]  # fmt: skip
     assert H.upload_files(str(out)) == allowed
 
     H.push_heads_dir(str(out), "org/m", token="hf_x", write_card=False)
