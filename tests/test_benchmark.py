@@ -1,4 +1,4 @@
-"""scripts/benchmark.py smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
+"""scripts/benchmark.py (`infer.benchmark`) smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
 
 Checks the outputs' schema (results.json keys and types, results.md, a non-empty PNG) and that a greedy
 method whose output differs from ``target.generate`` is caught (exit status 1, prompt and position
@@ -7,29 +7,14 @@ reported). Speed is never asserted.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 import torch
 from conftest import tiny_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_script", os.path.join(ROOT, "scripts", "benchmark.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_script()
+import infer.benchmark as bench
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +22,7 @@ def setup(tmp_path_factory, one_thread):
     """A tiny Llama with a byte-level BPE tokenizer (with the demo chat template), Medusa and EAGLE heads
     (random, saved as checkpoints) and a prompts file with one text row and one chat row."""
     from heads import EagleHead, MedusaHeads, save_heads
-    from train.demo import train_tokenizer
+    from demo import train_tokenizer
 
     root = tmp_path_factory.mktemp("bench")
     texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"] * 20
