@@ -15,14 +15,16 @@ import torch
 from conftest import tiny_model
 
 import infer.benchmark as bench
+import infer.runner
+from infer.benchmark import device_check
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, one_thread):
     """A tiny Llama with a byte-level BPE tokenizer (with the demo chat template), Medusa and EAGLE heads
     (random, saved as checkpoints) and a prompts file with one text row and one chat row."""
-    from heads import EagleHead, MedusaHeads, save_heads
     from demo import train_tokenizer
+    from heads import EagleHead, MedusaHeads, save_heads
 
     root = tmp_path_factory.mktemp("bench")
     texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"] * 20
@@ -244,3 +246,33 @@ def test_vs_labels_are_checked():
         ValueError, match=r"'eagle' is ambiguous, name one of \['eagle \[16 tok\]', 'eagle \[32 tok\]'\]"
     ):
         bench.parse_pairs(["eagle:medusa"], labels)
+
+
+def test_device_check_small_end_to_end(tmp_path, one_thread):
+    """scripts/gpu_check.py's code on the tiny config: greedy identity with the oracle draft (accepted
+    deep), a verify-cost row per k for both attention paths, the report written where --out says."""
+    out = tmp_path / "gpu_check.json"
+    assert device_check.main(["--small", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["failures"] == {"mismatched_prompts": [], "shallow_prompts": []}
+    assert len(report["identity"]) == 2 and all(r["identical"] for r in report["identity"])
+    assert all(r["tau"] >= 2.0 for r in report["identity"])  # the oracle's drafts were accepted deep
+    rows = report["verify_cost"]["rows"]
+    assert [r["k"] for r in rows] == list(range(1, 9)) and report["verify_cost"]["cut_at_k"] is None
+    for r in rows:
+        assert min(r["tree_attention_ms"], r["float_mask_ms"], r["decode1_ms"]) > 0
+    assert report["syncs"]["measured"] is False  # CPU: no sync debug mode
+
+
+def test_device_check_fails_when_verification_breaks(tmp_path, monkeypatch, one_thread):
+    """The check can fail: keeping the KV of the first tree nodes instead of the accepted path (the
+    oracle puts a wrong sibling first at every level) changes the output, and the script exits 1."""
+    real = infer.runner.compact
+    monkeypatch.setattr(
+        infer.runner, "compact", lambda cache, past, keep: real(cache, past, torch.arange(keep.shape[0]))
+    )
+    out = tmp_path / "gpu_check.json"
+    assert device_check.main(["--small", "--max-k", "2", "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["ok"] is False and report["failures"]["mismatched_prompts"] == [0, 1]
+    assert all(r["first_difference"] >= 0 for r in report["identity"])

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from heads.graft import run_target_lean
 from infer.cache import new_cache
 
 
@@ -134,14 +135,16 @@ def verify_cost(target, ks: list[int], prefix: int = 256, reps: int = 30) -> dic
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (1, prefix), generator=g).to(device)
     cache = new_cache()
-    target(input_ids=ids, past_key_values=cache, use_cache=True)
+    run_target_lean(target, ids, cache=cache, use_cache=True)
     times = {k: [] for k in ks}
     for r in range(reps + 5):
         for k in ks:
             x = torch.randint(0, V, (1, k), generator=g).to(device)
             sync(device)
             t = time.perf_counter()
-            target(input_ids=x, past_key_values=cache, use_cache=True)
+            run_target_lean(
+                target, x, logits_to_keep=0, cache=cache, use_cache=True
+            )  # all k logits, as a verify
             sync(device)
             if r >= 5:
                 times[k].append(time.perf_counter() - t)
