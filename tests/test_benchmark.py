@@ -16,7 +16,7 @@ from conftest import tiny_model
 
 import infer.benchmark as bench
 import infer.runner
-from infer.benchmark import device_check
+from infer.benchmark import device_check, profile, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +276,41 @@ def test_device_check_fails_when_verification_breaks(tmp_path, monkeypatch, one_
     report = json.loads(out.read_text())
     assert report["ok"] is False and report["failures"]["mismatched_prompts"] == [0, 1]
     assert all(r["first_difference"] >= 0 for r in report["identity"])
+
+
+@pytest.fixture(scope="module")
+def tiny_demo_heads(tmp_path_factory):
+    """Random Medusa heads for the tiny demo target (built and cached on first use)."""
+    from heads import MedusaHeads, load_target, save_heads
+    from heads.graft import resolve_demo_target
+
+    target = load_target(resolve_demo_target("demo-tiny"))
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.config.record_target(target)
+    out = tmp_path_factory.mktemp("tiny-heads")
+    save_heads(heads, str(out))
+    return str(out)
+
+
+def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, capsys):
+    """scripts/demo_generate.py and scripts/profile_generate.py's code on the tiny demo target."""
+    common = ["--target", "demo-tiny", "--heads", tiny_demo_heads, "--prompts", "2", "--max-new-tokens", "6"]
+    rows = side_by_side.main([*common, "--threads", "1"])
+    assert len(rows) == 2 and all(r["identical"] for r in rows) and all(r["tau"] >= 1 for r in rows)
+    assert "identical outputs 2/2 prompts" in capsys.readouterr().out
+    out = tmp_path / "profile.json"
+    results = profile.main(
+        [*common, "--dtype", "fp32", "--repeats", "1", "--threads", "1", "--json", str(out)]
+    )
+    assert json.loads(out.read_text())["speed"] == json.loads(json.dumps(results["speed"]))
+    assert (
+        set(results["speed"]) == {"target.generate", "medusa"}
+        and results["speed"]["medusa"]["identical"] == "2/2"
+    )
+    split = results["split"]["medusa"]
+    assert split["steps"] > 0 and split["verify"] > 0 and split["draft"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        side_by_side.main(["--target", "demo-tiny"])
+    assert "--heads is required" in capsys.readouterr().err  # one line, before any loading

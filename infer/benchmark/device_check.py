@@ -29,12 +29,11 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import transformers
 from torch import Tensor
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from heads.config import parse_cli
 from heads.graft import TargetOutput, run_target_lean
 from heads.io import atomic_text
-from infer.benchmark.measure import first_difference, sync, tie_margin
+from infer.benchmark.measure import first_difference, random_llama, sync, tie_margin
 from infer.cache import new_cache
 from infer.draft import Proposer, root_only
 from infer.generate import speculative_generate
@@ -122,15 +121,6 @@ class OracleProposer(Proposer):
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
         self.pos += tokens.shape[0]
-
-
-def build_target(small: bool, device: torch.device, dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
-    """A random ``LlamaForCausalLM`` (sdpa) of `LLAMA_1B` (or `LLAMA_SMALL`), initialised on ``device``."""
-    config = LlamaConfig(**(LLAMA_SMALL if small else LLAMA_1B))
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
-    return model.to(dtype).eval().requires_grad_(False)
 
 
 def _prompts(o: DeviceCheckOptions, vocab: int, device) -> list[Tensor]:
@@ -271,7 +261,7 @@ def check(o: DeviceCheckOptions) -> dict:
         "options": asdict(o),
         "config": LLAMA_SMALL if o.small else LLAMA_1B,
     }
-    fp32 = build_target(o.small, device, torch.float32, o.seed)
+    fp32 = random_llama(LLAMA_SMALL if o.small else LLAMA_1B, device=device, seed=o.seed)
     report["params"] = sum(p.numel() for p in fp32.parameters())
     report["identity"] = identity(o, fp32, device)
     report["syncs"] = host_syncs(o, fp32, device)

@@ -9,9 +9,21 @@ import sys
 import time
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from heads.graft import run_target_lean
 from infer.cache import new_cache
+
+
+def random_llama(
+    config: dict, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
+) -> LlamaForCausalLM:
+    """A frozen ``LlamaForCausalLM`` (sdpa) with random weights from ``config`` (LlamaConfig keyword
+    arguments), initialised directly on ``device``: timing does not depend on the weights."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(LlamaConfig(**config), attn_implementation="sdpa")
+    return model.to(dtype).eval().requires_grad_(False)
 
 
 def sync(device: torch.device) -> None:
