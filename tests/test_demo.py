@@ -186,3 +186,21 @@ def test_demo_chat_data_is_the_chunks_as_conversations(tmp_path):
         n_system = sum(json.loads(line)["messages"][0]["role"] == "system" for line in f)
     assert 0 < n_system < demo.DATA_ROWS["tiny"][0] / 2  # about a quarter
     assert demo.ensure_demo_chat_data("tiny", seed=0, cache=str(tmp_path)) == chat  # cached
+
+
+def test_make_reports_the_cached_builds(tiny_builds, capsys):
+    """scripts/make_demo_target.py's code: finds the cached target (no rebuild), builds the data, prints both."""
+    from demo.make import MakeDemoOptions, make
+
+    cache = os.path.dirname(tiny_builds[0])
+    before = os.path.getmtime(os.path.join(tiny_builds[0], "model.safetensors"))
+    out = make(MakeDemoOptions(size="tiny", cache=cache))
+    assert out["target"] == tiny_builds[0] and out["info"]["size"] == "tiny" and "spec" not in out["info"]
+    assert (
+        os.path.getmtime(os.path.join(tiny_builds[0], "model.safetensors")) == before
+    )  # reused, not rebuilt
+    assert set(out["data"]) == {"train", "eval", "prompts"}
+    printed = capsys.readouterr().out
+    assert f"target: {tiny_builds[0]}" in printed and f"({demo.DATA_ROWS['tiny'][0]} rows)" in printed
+    with pytest.raises(ValueError, match="--size must be one of full, tiny"):
+        MakeDemoOptions(size="huge")
