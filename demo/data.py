@@ -8,8 +8,6 @@ import json
 import os
 import random
 
-from transformers import AutoTokenizer
-
 from demo.cache import build_cached, cache_dir, write_jsonl
 from demo.corpus import code_chunks, conversation, function_prompts, read_source, relpath, stdlib_files
 from demo.spec import DATA_MAX_TOKENS, DATA_ROWS, Size
@@ -29,6 +27,8 @@ def _build_data(out: str, size: Size, seed: int, tokenizer_dir: str | None) -> N
     for path in stdlib_files("heldout"):
         prompts.extend(function_prompts(read_source(path), random.Random(f"{seed}:prompts:{relpath(path)}")))
     if tokenizer_dir is not None:  # cap each chunk at DATA_MAX_TOKENS by dropping trailing lines
+        from transformers import AutoTokenizer  # heavy; only this (rare) build path needs it
+
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
 
         def fit(text: str) -> str:

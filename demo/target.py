@@ -17,9 +17,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from demo.cache import build_cached, cache_dir
 from demo.corpus import documents, read_source, stdlib_files
@@ -51,6 +49,8 @@ def windows(docs: list[list[int]], seq_len: int):
 
 
 def llama_config(spec: DemoSpec, tokenizer):
+    """The demo target's ``LlamaConfig`` for ``spec`` and its trained tokenizer (ids of the special tokens)."""
+    from transformers import LlamaConfig  # heavy (the model code); only building a target needs it
 
     return LlamaConfig(
         vocab_size=len(tokenizer),
@@ -163,6 +163,10 @@ def _corpus(spec: DemoSpec):
 
 def _build_target(out: str, size: Size, seed: int) -> None:
     """Train the tokenizer and the model and save them (plus demo_info.json) into ``out``."""
+    # heavy (the model code), and only the build subprocess needs it
+    import transformers
+    from transformers import GenerationConfig, LlamaForCausalLM
+
     spec = SPECS[size]
     t_start = time.perf_counter()
     threads = torch.get_num_threads()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
 
 UNK, PAD, BOS, EOS = "<unk>", "<pad>", "<s>", "<|end|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -37,6 +36,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, max_length: int):
     Plain ``tokenizer(text)`` prepends ``<s>`` (as the training documents start); the chat template
     writes ``<s>`` itself, so chat text is tokenized with ``add_special_tokens=False``.
     """
+    from transformers import PreTrainedTokenizerFast  # heavy; only building a tokenizer needs it
+
     tok = Tokenizer(models.BPE(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
