@@ -314,3 +314,38 @@ def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, ca
     with pytest.raises(SystemExit):
         side_by_side.main(["--target", "demo-tiny"])
     assert "--heads is required" in capsys.readouterr().err  # one line, before any loading
+
+
+def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
+    """One loader: text rows cut to their first max_tokens tokens, chat rows rendered up to the first
+    assistant turn with the generation prompt, ``skip``/``n`` pick rows, bad rows name their line."""
+    from transformers import AutoTokenizer
+
+    from infer.prompts import load_prompts, read_prompts, render_prompt
+    from train.data import to_messages
+
+    _, target, _ = setup
+    tok = AutoTokenizer.from_pretrained(target)
+    path = tmp_path / "p.jsonl"
+    chat = [{"role": "user", "content": "def f():\n"}, {"role": "assistant", "content": "    return 1"}]
+    share = [{"from": "human", "value": "for i in x:\n"}, {"from": "gpt", "value": "    pass"}]
+    rows = [{"text": "def add(a, b):\n    return a + b\n" * 4}, {"messages": chat}, {"conversations": share}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    text_ids, chat_ids = load_prompts(str(path), tok, n=2, max_tokens=5)
+    assert torch.equal(text_ids, tok(rows[0]["text"], return_tensors="pt").input_ids[:, :5])
+    prompt = tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False)
+    assert torch.equal(chat_ids, tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
+    (sharegpt,) = load_prompts(str(path), tok, n=5, skip=2, to_messages=to_messages)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "for i in x:\n"}], add_generation_prompt=True, tokenize=False
+    )
+    assert torch.equal(sharegpt, tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
+    whole = render_prompt(read_prompts(str(path))[0], tok, "row 1")  # the benchmark: text rows whole
+    assert whole.shape[1] > 5
+    with pytest.raises(ValueError, match="'messages' list"):
+        load_prompts(str(path), tok, n=1, skip=2)  # ShareGPT rows need the normaliser
+    with pytest.raises(ValueError, match="no rows after the first 3"):
+        load_prompts(str(path), tok, n=1, skip=3)
+    path.write_text('{"text": "x"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
+        read_prompts(str(path))
