@@ -60,13 +60,11 @@ def build_cached(final: str, build: Callable[[str], None], force: bool) -> str:
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the cache is shared like any dir
         try:
             build(tmp)
-            if os.path.isdir(final):  # force: move the old one aside, then swap
-                old = tempfile.mkdtemp(prefix=f".{name}.tmp-old-", dir=parent)
-                os.rename(final, os.path.join(old, name))
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
+            aside = f"{tmp}-old"  # force: the old copy, under a temp name (stale, if we die, removed above)
+            if os.path.isdir(final):
+                os.rename(final, aside)
+            os.rename(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
