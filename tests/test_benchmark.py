@@ -251,7 +251,7 @@ def test_vs_labels_are_checked():
 def test_device_check_small_end_to_end(tmp_path, one_thread):
     """scripts/gpu_check.py's code on the tiny config: greedy identity with the oracle draft (accepted
     deep), a verify-cost row per k for both attention paths, the report written where --out says."""
-    out = tmp_path / "gpu_check.json"
+    out = tmp_path / "new-dir" / "gpu_check.json"
     assert device_check.main(["--small", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["ok"] is True and report["failures"] == {"mismatched_prompts": [], "shallow_prompts": []}

@@ -21,6 +21,7 @@ not depend on them), in at most ~8 minutes on one GPU.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import warnings
@@ -282,6 +283,7 @@ def check(o: DeviceCheckOptions) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """The script: parse options, run `check`, write the JSON report, print a summary; 1 on any failure."""
     o = parse_cli(DeviceCheckOptions, argv, prog="scripts/gpu_check.py")
+    os.makedirs(os.path.dirname(os.path.abspath(o.out)), exist_ok=True)  # fail now, not after the run
     report = check(o)
     atomic_text(o.out, json.dumps(report, indent=2) + "\n")
     vc = report["verify_cost"]

@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
     """The script: speed table, split table, optionally cProfile; ``--json`` gets the results."""
     o = parse_cli(ProfileOptions, argv, prog="scripts/profile_generate.py")
     torch.set_num_threads(o.threads or os.cpu_count() or 1)
+    if o.json:
+        os.makedirs(os.path.dirname(os.path.abspath(o.json)), exist_ok=True)  # fail now, not after the run
     try:
         s = setup(o)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message, not a traceback
