@@ -1,4 +1,4 @@
-"""Prompt files: JSONL rows of ``{"text": ...}`` or chat ``{"messages": [...]}`` turned into input ids.
+"""Prompt files: JSONL rows of ``{"text": ...}`` or chat rows turned into input ids.
 
 One loader for every script that reads prompts (the benchmark, tree tuning, profiling):
 
@@ -7,21 +7,19 @@ One loader for every script that reads prompts (the benchmark, tree tuning, prof
     prompts = load_prompts(path, tokenizer, n=8, max_tokens=96)  # rows skip..skip+n-1 as [1, T] tensors
 
 A ``text`` row is tokenized as is, with the tokenizer's special tokens (e.g. BOS), optionally cut to its
-first ``max_tokens`` tokens. A chat row (``messages``; ShareGPT ``conversations`` too when a
-``to_messages`` normaliser is given) is rendered with the chat template and the generation prompt,
-up to its first assistant turn: what the target answers when it is served.
+first ``max_tokens`` tokens. A chat row (``messages`` of role/content turns, or ShareGPT
+``conversations`` of from/value turns: `heads.chat.to_messages`) is rendered with the chat template and
+the generation prompt, up to its first assistant turn: what the target answers when it is served.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 
 from torch import Tensor
 
-# (conversation, where) -> [{"role", "content"}]; e.g. train.data.to_messages for ShareGPT rows
-Normaliser = Callable[[object, str], list[dict[str, str]]]
+from heads.chat import to_messages
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -46,43 +44,36 @@ def read_prompts(path: str) -> list[dict]:
     return rows
 
 
-def _chat(row: dict, where: str, to_messages: Normaliser | None) -> list[dict[str, str]] | None:
-    """The conversation before the row's first assistant turn, or None for a non-chat row."""
+def _chat(row: dict, where: str, need_answer: bool) -> list[dict[str, str]] | None:
+    """The conversation before the row's first assistant turn, or None for a row that is not chat."""
     chat = row.get("messages", row.get("conversations"))
     if chat is None:
         return None
-    if to_messages is not None:
-        messages = to_messages(chat, where)
-    elif (
-        "messages" in row
-        and isinstance(chat, list)
-        and all(isinstance(m, dict) and "role" in m for m in chat)
-    ):
-        messages = chat
-    else:
-        raise ValueError(f"{where}: chat rows need a 'messages' list of {{'role', 'content'}} objects")
+    messages = to_messages(chat, where, need_answer=need_answer)
     first = next((j for j, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     if first == 0:
-        raise ValueError(f"{where}: the conversation starts with an assistant turn: nothing to answer")
+        raise ValueError(f"{where}: the conversation has only assistant turns: nothing to answer")
     return messages[:first]
 
 
 def render_prompt(
-    row: dict, tokenizer, where: str, max_tokens: int | None = None, to_messages: Normaliser | None = None
+    row: dict, tokenizer, where: str, max_tokens: int | None = None, need_answer: bool = False
 ) -> Tensor:
     """A prompt row -> input ids [1, T] (see the module docstring). ``max_tokens`` cuts text rows only
-    (a chat prompt is kept whole: its end is the generation prompt). ``where`` names the row in errors."""
-    messages = _chat(row, where, to_messages)
+    (a chat prompt is kept whole: its end is the generation prompt). ``need_answer``: a chat row must
+    hold an assistant turn (held-out training-format data) rather than be a bare prompt. ``where``
+    names the row in errors."""
+    messages = _chat(row, where, need_answer)
     if messages is not None:
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"{where}: chat 'messages' need a tokenizer with a chat template")
+            raise ValueError(f"{where}: chat rows need a tokenizer with a chat template")
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
     elif isinstance(row.get("text"), str) and row["text"]:
         ids = tokenizer(row["text"], return_tensors="pt").input_ids[:, :max_tokens]
     else:
         raise ValueError(
-            f"{where}: a prompt row needs a non-empty 'text' or chat 'messages', got keys {sorted(row)}"
+            f"{where}: prompts need a non-empty 'text' field or a chat 'messages' list, got keys {sorted(row)}"
         )
     if ids.shape[1] == 0:
         raise ValueError(f"{where}: the prompt is empty after tokenization")
@@ -90,20 +81,15 @@ def render_prompt(
 
 
 def load_prompts(
-    path: str,
-    tokenizer,
-    n: int,
-    max_tokens: int | None = 96,
-    skip: int = 0,
-    *,
-    to_messages: Normaliser | None = None,
+    path: str, tokenizer, n: int, max_tokens: int | None = 96, skip: int = 0, *, need_answer: bool = True
 ) -> list[Tensor]:
-    """Token ids [1, T] of rows ``skip .. skip+n-1`` of a prompts file (`read_prompts`, `render_prompt`);
-    text rows cut to their first ``max_tokens`` tokens (None: whole)."""
+    """Token ids [1, T] of rows ``skip .. skip+n-1`` of a prompts file (`read_prompts`, `render_prompt`):
+    text rows cut to their first ``max_tokens`` tokens (None: whole); by default a chat row must hold an
+    answer (held-out data, as tree tuning reads it). Errors name ``<path> row <index from 0>``."""
     rows = read_prompts(path)[skip : skip + n]
     if not rows:
         raise ValueError(f"{path} has no rows after the first {skip}")
     return [
-        render_prompt(row, tokenizer, f"{path} row {skip + i + 1}", max_tokens, to_messages)
+        render_prompt(row, tokenizer, f"{path} row {skip + i}", max_tokens, need_answer)
         for i, row in enumerate(rows)
     ]

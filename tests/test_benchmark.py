@@ -317,12 +317,12 @@ def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, ca
 
 
 def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
-    """One loader: text rows cut to their first max_tokens tokens, chat rows rendered up to the first
-    assistant turn with the generation prompt, ``skip``/``n`` pick rows, bad rows name their line."""
+    """One loader: text rows cut to their first max_tokens tokens, chat rows (OpenAI or ShareGPT turns)
+    rendered up to the first assistant turn with the generation prompt, ``skip``/``n`` pick rows; held-out
+    data (load_prompts) needs an answer in each chat row, bare benchmark prompts (render_prompt) do not."""
     from transformers import AutoTokenizer
 
     from infer.prompts import load_prompts, read_prompts, render_prompt
-    from train.data import to_messages
 
     _, target, _ = setup
     tok = AutoTokenizer.from_pretrained(target)
@@ -331,21 +331,28 @@ def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
     share = [{"from": "human", "value": "for i in x:\n"}, {"from": "gpt", "value": "    pass"}]
     rows = [{"text": "def add(a, b):\n    return a + b\n" * 4}, {"messages": chat}, {"conversations": share}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
-    text_ids, chat_ids = load_prompts(str(path), tok, n=2, max_tokens=5)
+
+    def rendered(messages):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+
+    text_ids, chat_ids, share_ids = load_prompts(str(path), tok, n=3, max_tokens=5)
     assert torch.equal(text_ids, tok(rows[0]["text"], return_tensors="pt").input_ids[:, :5])
-    prompt = tok.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False)
-    assert torch.equal(chat_ids, tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
-    (sharegpt,) = load_prompts(str(path), tok, n=5, skip=2, to_messages=to_messages)
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "for i in x:\n"}], add_generation_prompt=True, tokenize=False
-    )
-    assert torch.equal(sharegpt, tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
+    assert torch.equal(chat_ids, rendered(chat[:1]))
+    assert torch.equal(share_ids, rendered([{"role": "user", "content": "for i in x:\n"}]))
+    assert [p.shape for p in load_prompts(str(path), tok, n=5, skip=1)] == [chat_ids.shape, share_ids.shape]
     whole = render_prompt(read_prompts(str(path))[0], tok, "row 1")  # the benchmark: text rows whole
     assert whole.shape[1] > 5
-    with pytest.raises(ValueError, match="'messages' list"):
-        load_prompts(str(path), tok, n=1, skip=2)  # ShareGPT rows need the normaliser
-    with pytest.raises(ValueError, match="no rows after the first 3"):
-        load_prompts(str(path), tok, n=1, skip=3)
+    bare = {"messages": chat[:1]}  # a benchmark prompt: no answer
+    assert torch.equal(render_prompt(bare, tok, "row 1"), chat_ids)
+    path.write_text(json.dumps(bare) + "\n")
+    with pytest.raises(ValueError, match="p.jsonl row 0: conversation has no assistant turn"):
+        load_prompts(str(path), tok, n=1)
+    with pytest.raises(ValueError, match="no rows after the first 1"):
+        load_prompts(str(path), tok, n=1, skip=1)
+    path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="row 0: prompts need a non-empty 'text' field or a chat 'messages'"):
+        load_prompts(str(path), tok, n=1)
     path.write_text('{"text": "x"}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
         read_prompts(str(path))
