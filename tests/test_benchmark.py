@@ -356,3 +356,19 @@ def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
     path.write_text('{"text": "x"}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
         read_prompts(str(path))
+
+
+def test_target_step_measurements_and_table(one_thread):
+    """scripts/bench_target_step.py's measuring code in-process (the script runs each in a subprocess):
+    one prefill per way, one verify row per context with every way and the 1-token decode."""
+    from infer.benchmark import target_step
+
+    prefill = [target_step.prefill_child(way, 16, repeats=1) for way in ("full", "lean")]
+    assert [p["way"] for p in prefill] == ["full", "lean"] and all(p["time_s"] > 0 for p in prefill)
+    (row,) = target_step.verify_child([16], repeats=1)
+    assert row["context"] == 16 and row["tree_nodes"] == 16
+    for way in [*(f"verify_{w}" for w in target_step.VERIFY_WAYS), "decode1"]:
+        assert row[f"{way}_ms"] > 0 and row[f"{way}_min_ms"] <= row[f"{way}_ms"]
+    results = {"command": "x", "machine": "m", "prefill": prefill, "verify": [row]}
+    md = target_step._markdown(results, [16])
+    assert "| 16 |" in md and md.count("\n| 16 |") == 2
