@@ -26,6 +26,8 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
+import demo
+
 
 @dataclass
 class TargetOutput:
@@ -74,20 +76,13 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
-DEMO_TARGETS = {"demo": "full", "demo-tiny": "tiny"}  # the project's own demo target (`train.demo`)
+DEMO_TARGETS = demo.NAMES  # the project's own demo target (the `demo` package)
 
 
 def resolve_demo_target(name_or_path: str) -> str:
     """``demo`` / ``demo-tiny`` -> the demo target's directory, built and cached on first use exactly as
-    training builds it (`train.demo.ensure_demo_target`, in ``$SELFSPEC_CACHE``); any other name as is.
-
-    The builder lives with the rest of the demo in ``train/``; it is imported only when a demo name has
-    to be resolved, so ``heads`` and ``infer`` stay free of ``train`` otherwise."""
-    if name_or_path not in DEMO_TARGETS:
-        return name_or_path
-    from train.demo import ensure_demo_target
-
-    return ensure_demo_target(DEMO_TARGETS[name_or_path])
+    training builds it (`demo.resolve`, in ``$SELFSPEC_CACHE``); any other name as is."""
+    return demo.resolve(name_or_path)
 
 
 def load_target(

@@ -40,8 +40,8 @@ from torch import nn
 from heads.base import (
     ADAPTER_DIR,
     CONFIG_NAME,
-    LIBRARY_NAME,
     INFERENCE_NAME,
+    LIBRARY_NAME,
     LOGIN_HINT,
     TREE_NAME,
     WEIGHTS_NAME,

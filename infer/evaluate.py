@@ -31,6 +31,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -245,18 +246,10 @@ def default_data(heads_dir: str) -> str | None:
     return OmegaConf.select(OmegaConf.load(path), "data.eval_path", default=None)
 
 
-def load_batches(data: str, tokenizer, max_examples: int, max_length: int, batch_size: int) -> list:
-    """Tokenized, collated batches of the first ``max_examples`` rows of ``data`` (a local file or Hub id)."""
-    # train.data tokenizes training data (chat templates, loss masks); local: the one place infer reads
-    # training-format data, for offline evaluation only (issue 13: the lead decides where this lives)
-    from train.data import DataConfig, _head, _load, collate, tokenize_dataset
-
-    cfg = DataConfig(path=data, max_length=max_length)
-    ds, _ = _load(data, "train")
-    ds = tokenize_dataset(_head(ds, max_examples), tokenizer, cfg, data)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    rows = [ds[i] for i in range(len(ds))]
-    return [collate(rows[i : i + batch_size], pad_token_id=pad) for i in range(0, len(rows), batch_size)]
+# Reads held-out rows of training-format data as collated batches: ``(data, tokenizer, max_examples,
+# max_length, batch_size) -> [{"input_ids", "attention_mask", "loss_mask"}]``. The scripts pass
+# `train.data.eval_batches` (training-format data is train's business; infer never imports train).
+BatchLoader = Callable[[str, Any, int, int, int], list]
 
 
 def load_all(heads_path: str, target_path: str | None, dtype: str):
@@ -279,8 +272,8 @@ def default_depth(heads: nn.Module) -> int:
     return heads.config.num_heads if static else DEFAULTS.depth
 
 
-def run(opts: EvalOptions) -> tuple[dict, RankStats]:
-    """Load, evaluate and summarise; returns (result dict, rank stats)."""
+def run(opts: EvalOptions, load_batches: BatchLoader) -> tuple[dict, RankStats]:
+    """Load, evaluate and summarise; returns (result dict, rank stats). ``load_batches``: `BatchLoader`."""
     heads, target, tokenizer, directory = load_all(opts.heads, opts.target, opts.dtype)
     depth = opts.depth or default_depth(heads)
     if registry.of(heads).tree == "static" and depth > heads.config.num_heads:
@@ -302,9 +295,9 @@ def run(opts: EvalOptions) -> tuple[dict, RankStats]:
     return result, stats
 
 
-def eval_heads(opts: EvalOptions) -> dict:
+def eval_heads(opts: EvalOptions, load_batches: BatchLoader) -> dict:
     """``scripts/eval_heads.py``: evaluate, print the table, write the JSON; returns the result."""
-    result, _ = run(opts)
+    result, _ = run(opts, load_batches)
     print(table(result))
     out = opts.output or os.path.join(result["heads"], "eval_heads.json")
     atomic_text(out, json.dumps(result, indent=2) + "\n")

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -73,38 +72,6 @@ def compare(model, prompts: list[Tensor], configs: dict, max_new_tokens: int, wa
         if k in mismatches:
             summary[k]["greedy_mismatches_vs_target"] = mismatches[k]
     return summary
-
-
-def load_prompts(path: str, tokenizer, n: int, max_tokens: int = 96, skip: int = 0) -> list[Tensor]:
-    """Token ids [1, T] of rows skip..skip+n-1 of a JSONL file: a ``text`` row gives its first
-    ``max_tokens`` tokens; a chat row (``messages`` or ShareGPT ``conversations``) gives the conversation
-    before its first assistant turn, rendered with the chat template and the generation prompt (what
-    the target answers when it is served)."""
-    # local: train.data's chat-row reader; infer.prompts (issue 13, helper C) replaces this loader
-    from train.data import to_messages
-
-    out = []
-    with open(path) as f:
-        rows = [line for line in f if line.strip()][skip : skip + n]
-    for i, line in enumerate(rows):
-        where = f"{path} row {skip + i}"
-        row = json.loads(line)
-        chat = row.get("messages", row.get("conversations"))
-        if chat is not None:
-            messages = to_messages(chat, where)
-            first = next(j for j, m in enumerate(messages) if m["role"] == "assistant")  # to_messages: >= 1
-            if getattr(tokenizer, "chat_template", None) is None:
-                raise ValueError(f"{where}: chat rows need a tokenizer with a chat template")
-            text = tokenizer.apply_chat_template(messages[:first], add_generation_prompt=True, tokenize=False)
-            out.append(tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids)
-            continue
-        text = row.get("text")
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"{where}: prompts need a non-empty 'text' field or a chat 'messages' list")
-        out.append(tokenizer(text, return_tensors="pt").input_ids[:, :max_tokens])
-    if not out:
-        raise ValueError(f"{path} has no rows after the first {skip}")
-    return out
 
 
 def measure_src(prompts: str | None, data: str) -> str:

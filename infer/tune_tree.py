@@ -37,9 +37,10 @@ from torch import Tensor
 
 import infer
 from heads import registry
-from infer.evaluate import default_data, evaluate_heads, load_all, load_batches, summary, table
-from infer.measure import compare, load_prompts, measure_src, measure_tau, prompts_path
+from infer.evaluate import BatchLoader, default_data, evaluate_heads, load_all, summary, table
+from infer.measure import compare, measure_src, measure_tau, prompts_path
 from infer.profile import measure_draft, measure_profile
+from infer.prompts import load_prompts
 from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
@@ -324,7 +325,7 @@ class _Run:
         )
 
 
-def _accuracies(opts: TuneOptions, heads, target, tokenizer, data: str, depth: int):
+def _accuracies(opts: TuneOptions, heads, target, tokenizer, data: str, depth: int, load_batches: BatchLoader):
     """(eval_heads-style summary, joint rank vectors or None): from ``--accuracies`` or evaluated now."""
     if opts.accuracies:
         with open(opts.accuracies) as f:
@@ -374,7 +375,7 @@ def _tune_dynamic(run: _Run) -> tuple[dict, dict]:
 TUNERS: dict[str, Callable[[_Run], tuple[dict, dict]]] = {"static": _tune_static, "dynamic": _tune_dynamic}
 
 
-def _prepare(opts: TuneOptions) -> _Run:
+def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     """Load the heads and target, get the accuracies and the verification profile."""
     heads, target, tokenizer, directory = load_all(opts.heads, opts.target, opts.dtype)
     static = registry.of(heads).tree == "static"
@@ -382,7 +383,7 @@ def _prepare(opts: TuneOptions) -> _Run:
     data = opts.data or default_data(directory)
     if not data:  # the accuracies and the profile's prefix both come from held-out text
         raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")
-    acc_json, joint = _accuracies(opts, heads, target, tokenizer, data, depth)
+    acc_json, joint = _accuracies(opts, heads, target, tokenizer, data, depth, load_batches)
     print(table(acc_json))
     model = infer.SpecModel(target, heads, tokenizer=tokenizer)
     rows = load_batches(data, tokenizer, 8, 512, 1)
@@ -428,10 +429,11 @@ def settings_values(tree: dict) -> dict:
     return {"tree": tree["paths"]} if "paths" in tree else {k: tree[k] for k in BUDGET_KEYS}
 
 
-def tune_tree(opts: TuneOptions) -> dict:
+def tune_tree(opts: TuneOptions, load_batches: BatchLoader) -> dict:
     """``scripts/tune_tree.py``: tune, report, optionally compare, and save ``<heads>/inference.json``.
-    Returns the tuned tree dict (``paths`` or the EAGLE-2 budget, and the ``tuning`` record)."""
-    run = _prepare(opts)
+    Returns the tuned tree dict (``paths`` or the EAGLE-2 budget, and the ``tuning`` record).
+    ``load_batches``: how held-out data is read (`infer.evaluate.BatchLoader`)."""
+    run = _prepare(opts, load_batches)
     tree, configs = TUNERS[registry.of(run.model.heads).tree](run)
     target = run.model.target
     tree["tuning"].update(

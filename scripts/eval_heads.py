@@ -10,11 +10,13 @@ What it scores and writes: `infer.evaluate` (options: `infer.evaluate.EvalOption
 from __future__ import annotations
 
 from heads.config import parse_cli
-from infer.evaluate import EvalOptions, eval_heads, load_all  # noqa: F401  (load_all: tests/test_newcomer.py)
+from infer.evaluate import EvalOptions, eval_heads
+from train.data import eval_batches
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return eval_heads(parse_cli(EvalOptions, argv, prog="eval_heads.py", description=__doc__.split("\n")[0]))
+    opts = parse_cli(EvalOptions, argv, prog="eval_heads.py", description=__doc__.split("\n")[0])
+    return eval_heads(opts, eval_batches)  # held-out rows in any training format (`train.data`)
 
 
 if __name__ == "__main__":

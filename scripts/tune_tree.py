@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from heads.config import parse_cli
 from infer.tune_tree import TuneOptions, tune_tree
+from train.data import eval_batches
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return tune_tree(parse_cli(TuneOptions, argv, prog="tune_tree.py", description=__doc__.split("\n")[0]))
+    opts = parse_cli(TuneOptions, argv, prog="tune_tree.py", description=__doc__.split("\n")[0])
+    return tune_tree(opts, eval_batches)  # held-out rows in any training format (`train.data`)
 
 
 if __name__ == "__main__":

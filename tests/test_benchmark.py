@@ -1,4 +1,4 @@
-"""scripts/benchmark.py smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
+"""scripts/benchmark.py (`infer.benchmark`) smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
 
 Checks the outputs' schema (results.json keys and types, results.md, a non-empty PNG) and that a greedy
 method whose output differs from ``target.generate`` is caught (exit status 1, prompt and position
@@ -7,37 +7,24 @@ reported). Speed is never asserted.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 import torch
 from conftest import tiny_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_script", os.path.join(ROOT, "scripts", "benchmark.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_script()
+import infer.benchmark as bench
+import infer.runner
+from infer.benchmark import device_check, profile, side_by_side
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, one_thread):
     """A tiny Llama with a byte-level BPE tokenizer (with the demo chat template), Medusa and EAGLE heads
     (random, saved as checkpoints) and a prompts file with one text row and one chat row."""
+    from demo import train_tokenizer
     from heads import EagleHead, MedusaHeads, save_heads
-    from train.demo import train_tokenizer
 
     root = tmp_path_factory.mktemp("bench")
     texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"] * 20
@@ -259,3 +246,129 @@ def test_vs_labels_are_checked():
         ValueError, match=r"'eagle' is ambiguous, name one of \['eagle \[16 tok\]', 'eagle \[32 tok\]'\]"
     ):
         bench.parse_pairs(["eagle:medusa"], labels)
+
+
+def test_device_check_small_end_to_end(tmp_path, one_thread):
+    """scripts/gpu_check.py's code on the tiny config: greedy identity with the oracle draft (accepted
+    deep), a verify-cost row per k for both attention paths, the report written where --out says."""
+    out = tmp_path / "new-dir" / "gpu_check.json"
+    assert device_check.main(["--small", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and report["failures"] == {"mismatched_prompts": [], "shallow_prompts": []}
+    assert len(report["identity"]) == 2 and all(r["identical"] for r in report["identity"])
+    assert all(r["tau"] >= 2.0 for r in report["identity"])  # the oracle's drafts were accepted deep
+    rows = report["verify_cost"]["rows"]
+    assert [r["k"] for r in rows] == list(range(1, 9)) and report["verify_cost"]["cut_at_k"] is None
+    for r in rows:
+        assert min(r["tree_attention_ms"], r["float_mask_ms"], r["decode1_ms"]) > 0
+    assert report["syncs"]["measured"] is False  # CPU: no sync debug mode
+
+
+def test_device_check_fails_when_verification_breaks(tmp_path, monkeypatch, one_thread):
+    """The check can fail: keeping the KV of the first tree nodes instead of the accepted path (the
+    oracle puts a wrong sibling first at every level) changes the output, and the script exits 1."""
+    real = infer.runner.compact
+    monkeypatch.setattr(
+        infer.runner, "compact", lambda cache, past, keep: real(cache, past, torch.arange(keep.shape[0]))
+    )
+    out = tmp_path / "gpu_check.json"
+    assert device_check.main(["--small", "--max-k", "2", "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["ok"] is False and report["failures"]["mismatched_prompts"] == [0, 1]
+    assert all(r["first_difference"] >= 0 for r in report["identity"])
+
+
+@pytest.fixture(scope="module")
+def tiny_demo_heads(tmp_path_factory):
+    """Random Medusa heads for the tiny demo target (built and cached on first use)."""
+    from heads import MedusaHeads, load_target, save_heads
+    from heads.graft import resolve_demo_target
+
+    target = load_target(resolve_demo_target("demo-tiny"))
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.config.record_target(target)
+    out = tmp_path_factory.mktemp("tiny-heads")
+    save_heads(heads, str(out))
+    return str(out)
+
+
+def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, capsys):
+    """scripts/demo_generate.py and scripts/profile_generate.py's code on the tiny demo target."""
+    common = ["--target", "demo-tiny", "--heads", tiny_demo_heads, "--prompts", "2", "--max-new-tokens", "6"]
+    rows = side_by_side.main([*common, "--threads", "1"])
+    assert len(rows) == 2 and all(r["identical"] for r in rows) and all(r["tau"] >= 1 for r in rows)
+    assert "identical outputs 2/2 prompts" in capsys.readouterr().out
+    out = tmp_path / "profile.json"
+    results = profile.main(
+        [*common, "--dtype", "fp32", "--repeats", "1", "--threads", "1", "--json", str(out)]
+    )
+    assert json.loads(out.read_text())["speed"] == json.loads(json.dumps(results["speed"]))
+    assert (
+        set(results["speed"]) == {"target.generate", "medusa"}
+        and results["speed"]["medusa"]["identical"] == "2/2"
+    )
+    split = results["split"]["medusa"]
+    assert split["steps"] > 0 and split["verify"] > 0 and split["draft"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        side_by_side.main(["--target", "demo-tiny"])
+    assert "--heads is required" in capsys.readouterr().err  # one line, before any loading
+
+
+def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
+    """One loader: text rows cut to their first max_tokens tokens, chat rows (OpenAI or ShareGPT turns)
+    rendered up to the first assistant turn with the generation prompt, ``skip``/``n`` pick rows; held-out
+    data (load_prompts) needs an answer in each chat row, bare benchmark prompts (render_prompt) do not."""
+    from transformers import AutoTokenizer
+
+    from infer.prompts import load_prompts, read_prompts, render_prompt
+
+    _, target, _ = setup
+    tok = AutoTokenizer.from_pretrained(target)
+    path = tmp_path / "p.jsonl"
+    chat = [{"role": "user", "content": "def f():\n"}, {"role": "assistant", "content": "    return 1"}]
+    share = [{"from": "human", "value": "for i in x:\n"}, {"from": "gpt", "value": "    pass"}]
+    rows = [{"text": "def add(a, b):\n    return a + b\n" * 4}, {"messages": chat}, {"conversations": share}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+
+    def rendered(messages):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+
+    text_ids, chat_ids, share_ids = load_prompts(str(path), tok, n=3, max_tokens=5)
+    assert torch.equal(text_ids, tok(rows[0]["text"], return_tensors="pt").input_ids[:, :5])
+    assert torch.equal(chat_ids, rendered(chat[:1]))
+    assert torch.equal(share_ids, rendered([{"role": "user", "content": "for i in x:\n"}]))
+    assert [p.shape for p in load_prompts(str(path), tok, n=5, skip=1)] == [chat_ids.shape, share_ids.shape]
+    whole = render_prompt(read_prompts(str(path))[0], tok, "row 1")  # the benchmark: text rows whole
+    assert whole.shape[1] > 5
+    bare = {"messages": chat[:1]}  # a benchmark prompt: no answer
+    assert torch.equal(render_prompt(bare, tok, "row 1"), chat_ids)
+    path.write_text(json.dumps(bare) + "\n")
+    with pytest.raises(ValueError, match="p.jsonl row 0: conversation has no assistant turn"):
+        load_prompts(str(path), tok, n=1)
+    with pytest.raises(ValueError, match="no rows after the first 1"):
+        load_prompts(str(path), tok, n=1, skip=1)
+    path.write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="row 0: prompts need a non-empty 'text' field or a chat 'messages'"):
+        load_prompts(str(path), tok, n=1)
+    path.write_text('{"text": "x"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:2: each line must be a JSON object"):
+        read_prompts(str(path))
+
+
+def test_target_step_measurements_and_table(one_thread):
+    """scripts/bench_target_step.py's measuring code in-process (the script runs each in a subprocess):
+    one prefill per way, one verify row per context with every way and the 1-token decode."""
+    from infer.benchmark import target_step
+
+    prefill = [target_step.prefill_child(way, 16, repeats=1) for way in ("full", "lean")]
+    assert [p["way"] for p in prefill] == ["full", "lean"] and all(p["time_s"] > 0 for p in prefill)
+    (row,) = target_step.verify_child([16], repeats=1)
+    assert row["context"] == 16 and row["tree_nodes"] == 16
+    for way in [*(f"verify_{w}" for w in target_step.VERIFY_WAYS), "decode1"]:
+        assert row[f"{way}_ms"] > 0 and row[f"{way}_min_ms"] <= row[f"{way}_ms"]
+    results = {"command": "x", "machine": "m", "prefill": prefill, "verify": [row]}
+    md = target_step._markdown(results, [16])
+    assert "| 16 |" in md and md.count("\n| 16 |") == 2

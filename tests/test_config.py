@@ -6,7 +6,6 @@ import dataclasses
 import glob
 import json
 import os
-import sys
 import types
 
 import pytest
@@ -154,14 +153,21 @@ def test_registered_but_untrainable_head_type(monkeypatch):
 
 def test_resolve_demo_names(monkeypatch):
     calls = []
-    fake = types.ModuleType("train.demo")
-    fake.ensure_demo_target = lambda size, cache=None: (
-        calls.append(("target", size)) or f"/cache/target-{size}"
+    import demo
+
+    monkeypatch.setattr(
+        demo,
+        "ensure_demo_target",
+        lambda size, cache=None: calls.append(("target", size)) or f"/cache/target-{size}",
     )
-    fake.ensure_demo_data = lambda size, cache=None: calls.append(("data", size)) or {
-        "train": f"/cache/{size}/train.jsonl", "eval": f"/cache/{size}/eval.jsonl", "prompts": "p"
-    }  # fmt: skip
-    monkeypatch.setitem(sys.modules, "train.demo", fake)
+    monkeypatch.setattr(
+        demo,
+        "ensure_demo_data",
+        lambda size, cache=None: (
+            calls.append(("data", size))
+            or {"train": f"/cache/{size}/train.jsonl", "eval": f"/cache/{size}/eval.jsonl", "prompts": "p"}
+        ),
+    )
 
     cfg = load_config(None, ["target.name_or_path=demo-tiny", "data.path=demo-tiny"])
     out = resolve_demo(cfg)

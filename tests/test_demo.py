@@ -1,4 +1,4 @@
-"""The built-in demo target (train/demo.py): corpus split, tiny build, reload, chat template, determinism."""
+"""The built-in demo target (the `demo` package): corpus split, tiny build, reload, chat template, determinism."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from train import demo
+import demo
+import demo.target
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,10 @@ def test_stdlib_split_disjoint_and_clean():
     train, heldout = demo.stdlib_files("train"), demo.stdlib_files("heldout")
     assert train and heldout
     assert not set(train) & set(heldout)
-    assert train == sorted(train, key=demo._relpath) and train == demo.stdlib_files("train")
+    assert train == sorted(train, key=demo.relpath) and train == demo.stdlib_files("train")
     assert 0.01 < len(heldout) / (len(train) + len(heldout)) < 0.15
     for path in train + heldout:
-        parts = demo._relpath(path).split("/")
+        parts = demo.relpath(path).split("/")
         assert path.endswith(".py")
         assert not {"test", "tests", "idle_test", "site-packages"} & set(parts), path
     with pytest.raises(ValueError):
@@ -119,7 +120,7 @@ def test_tiny_build_deterministic(tiny_builds):
 def test_cached_reuse_and_force(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        demo,
+        demo.target,
         "_spawn_build",
         lambda out, size, seed: calls.append(out) or open(os.path.join(out, "x"), "w").close(),
     )
@@ -136,7 +137,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
         open(os.path.join(out, "config.json"), "w").close()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(demo, "_spawn_build", boom)
+    monkeypatch.setattr(demo.target, "_spawn_build", boom)
     with pytest.raises(KeyboardInterrupt):
         demo.ensure_demo_target("tiny", cache=str(tmp_path))
     assert os.listdir(tmp_path) == [".demo-target-tiny-s0.lock"]
@@ -155,7 +156,7 @@ def test_demo_data(tmp_path):
     assert all(t.startswith(("def ", "async def ", "@")) for t in rows["prompts"])
     assert not any(t.endswith("\n") for t in rows["prompts"])  # a bare trailing newline reads as end-of-file
     # Prompts come from held-out files: each signature line is in one of them.
-    heldout = "".join(demo._read(p) for p in demo.stdlib_files("heldout"))
+    heldout = "".join(demo.read_source(p) for p in demo.stdlib_files("heldout"))
     for prompt in rows["prompts"]:
         header = next(line for line in prompt.split("\n") if line.startswith(("def ", "async def ")))
         assert header in heldout, header
@@ -185,3 +186,21 @@ def test_demo_chat_data_is_the_chunks_as_conversations(tmp_path):
         n_system = sum(json.loads(line)["messages"][0]["role"] == "system" for line in f)
     assert 0 < n_system < demo.DATA_ROWS["tiny"][0] / 2  # about a quarter
     assert demo.ensure_demo_chat_data("tiny", seed=0, cache=str(tmp_path)) == chat  # cached
+
+
+def test_make_reports_the_cached_builds(tiny_builds, capsys):
+    """scripts/make_demo_target.py's code: finds the cached target (no rebuild), builds the data, prints both."""
+    from demo.make import MakeDemoOptions, make
+
+    cache = os.path.dirname(tiny_builds[0])
+    before = os.path.getmtime(os.path.join(tiny_builds[0], "model.safetensors"))
+    out = make(MakeDemoOptions(size="tiny", cache=cache))
+    assert out["target"] == tiny_builds[0] and out["info"]["size"] == "tiny" and "spec" not in out["info"]
+    assert (
+        os.path.getmtime(os.path.join(tiny_builds[0], "model.safetensors")) == before
+    )  # reused, not rebuilt
+    assert set(out["data"]) == {"train", "eval", "prompts"}
+    printed = capsys.readouterr().out
+    assert f"target: {tiny_builds[0]}" in printed and f"({demo.DATA_ROWS['tiny'][0]} rows)" in printed
+    with pytest.raises(ValueError, match="--size must be one of full, tiny"):
+        MakeDemoOptions(size="huge")

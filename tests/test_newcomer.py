@@ -103,11 +103,8 @@ def test_infer_load_finds_the_target_from_the_heads(demo_heads, tmp_path):
 
 
 def test_scripts_accept_the_demo_names(demo_heads):
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    try:
-        import eval_heads
-    finally:
-        sys.path.pop(0)
+    from infer.evaluate import load_all  # what eval_heads.py and tune_tree.py load with
+
     directory, path = demo_heads
-    heads, target, tokenizer, _ = eval_heads.load_all(directory, "demo-tiny", "float32")  # tune_tree too
+    heads, target, tokenizer, _ = load_all(directory, "demo-tiny", "float32")
     assert os.path.samefile(target.config._name_or_path, path) and len(tokenizer) > 0

@@ -1,7 +1,7 @@
 """Self-distillation data (train/regenerate.py, scripts/regenerate_data.py): batched left-padded
 generation, text and chat rows rewritten by the target, resume after an interruption, clear errors.
 
-The target is a tiny random Llama with the demo's tokenizer recipe (`train.demo.train_tokenizer`:
+The target is a tiny random Llama with the demo's tokenizer recipe (`demo.train_tokenizer`:
 byte-level BPE, ``<|end|>`` eos, ChatML-like chat template) trained on a few lines here, so nothing
 is downloaded or built. References are computed independently with ``target.generate`` on one
 unpadded prompt at a time.
@@ -16,7 +16,7 @@ import datasets
 import pytest
 import torch
 
-from train import demo
+import demo
 from train.data import DataConfig, DataError, build_datasets
 from train.regenerate import INDEX_KEY, RegenConfig, generate_batch, read_done, regenerate, run
 

@@ -19,6 +19,7 @@ from infer.tune import (
     expected_accept_curve,
     expected_accept_length,
 )
+from train.data import eval_batches
 
 
 def random_acc(seed: int, depth: int = 4, ranks: int = 10) -> torch.Tensor:
@@ -425,8 +426,8 @@ def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
 def test_load_prompts_text_and_chat_rows(tmp_path):
     """Text rows give their first tokens; chat rows give the conversation before the first assistant turn,
     rendered with the template's generation prompt (the held-out chat data `--measure-tau` reads)."""
-    from infer.measure import load_prompts
-    from train.demo import SYSTEM_PROMPT, train_tokenizer
+    from demo import SYSTEM_PROMPT, train_tokenizer
+    from infer.prompts import load_prompts
 
     tok = train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300, max_length=128)
     conv = [
@@ -459,10 +460,10 @@ def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
     profile, the measured-τ refinement with chat prompts, inference.json written, and `infer.load`
     picking the tree up."""
     import infer
+    from demo import train_tokenizer
     from heads import MedusaHeads, save_heads
     from heads.config import parse_cli
     from infer.tune_tree import TuneOptions, tune_tree
-    from train.demo import train_tokenizer
 
     code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
     tok = train_tokenizer(code * 20, vocab_size=300, max_length=256)
@@ -497,7 +498,7 @@ def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
         "fp32",
     ]
     argv += ["--max-examples", "4", "--max-k", "40", "--repeats", "1", "--measure-tau", "2"]
-    tune_tree(parse_cli(TuneOptions, [*argv, "--max-new-tokens", "8"]))
+    tune_tree(parse_cli(TuneOptions, [*argv, "--max-new-tokens", "8"]), eval_batches)
     with open(tmp_path / "heads" / "inference.json") as f:
         saved = json.load(f)
     rec = saved["tuning"]

@@ -17,7 +17,7 @@ configs, so an unknown key or a value of the wrong type is an error that names t
 dataclass checks its values in ``__post_init__`` and raises ``ValueError`` with a helpful message.
 
 The names ``demo`` and ``demo-tiny`` (target and data path) stand for the project's own small
-target and corpus, built locally and cached on first use (`train.demo`); `resolve_demo` turns them
+target and corpus, built locally and cached on first use (the `demo` package); `resolve_demo` turns them
 into real paths. Loading a config never builds anything.
 """
 
@@ -31,11 +31,12 @@ from typing import Any
 
 from huggingface_hub.utils import validate_repo_id
 
+import demo
 import heads  # noqa: F401  (importing the package registers every head type)
 from heads import config, registry
 from train.data import DataConfig
 
-DEMO_NAMES = {"demo": "full", "demo-tiny": "tiny"}
+DEMO_NAMES = demo.NAMES
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
@@ -382,14 +383,10 @@ def resolve_demo(cfg: RunConfig, cache: str | None = None) -> RunConfig:
     demo target takes a while and writes to a shared cache).
     """
     target, data = cfg.target, cfg.data
-    if target.name_or_path in DEMO_NAMES:
-        from train.demo import ensure_demo_target
-
-        path = ensure_demo_target(DEMO_NAMES[target.name_or_path], cache=cache)
+    path = demo.resolve(target.name_or_path, cache=cache)
+    if path != target.name_or_path:
         target = dataclasses.replace(target, name_or_path=path)
-    if data.path in DEMO_NAMES:
-        from train.demo import ensure_demo_data
-
-        files = ensure_demo_data(DEMO_NAMES[data.path], cache=cache)
+    files = demo.resolve_data(data.path, cache=cache)
+    if files is not None:
         data = dataclasses.replace(data, path=files["train"], eval_path=data.eval_path or files["eval"])
     return dataclasses.replace(cfg, target=target, data=data)

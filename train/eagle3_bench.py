@@ -11,11 +11,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
-from infer.benchmark.machine import machine_info
-from infer.benchmark.measure import PeakMemory
 
 from heads.eagle3 import Eagle3Head, build_vocab_map, count_tokens
 from heads.io import atomic_text
+from infer.benchmark.machine import machine_info
+from infer.benchmark.measure import PeakMemory
 from train.eagle3_speed import (
     PARTS,
     bench_batch,

@@ -45,7 +45,7 @@ PARTS = (
 
 
 class _DemoVocab:
-    """What `train.demo._llama_config` reads from the demo tokenizer (``<unk> <pad> <s> <|end|>`` first)."""
+    """What `demo.target.llama_config` reads from the demo tokenizer (``<unk> <pad> <s> <|end|>`` first)."""
 
     unk_token_id, pad_token_id, bos_token_id, eos_token_id = 0, 1, 2, 3
 
@@ -57,10 +57,11 @@ class _DemoVocab:
 
 
 def demo_like_target(dtype: torch.dtype, cache: str | None = None, seed: int = 0) -> tuple[nn.Module, str]:
-    """The demo target (`train.demo`, size ``full``) if it is already built in the cache, else a randomly
+    """The demo target (`demo`, size ``full``) if it is already built in the cache, else a randomly
     initialised ``LlamaForCausalLM`` with its exact config (same shapes, so the same cost per step).
     Returns (frozen model in ``dtype``, a sentence saying which)."""
-    from train.demo import SPECS, _llama_config, cache_dir  # the demo builder: only for this benchmark
+    from demo import SPECS, cache_dir  # the demo builder: only for this benchmark
+    from demo.target import llama_config as _llama_config
 
     path = os.path.join(cache or cache_dir(), f"demo-target-full-s{seed}")
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -69,7 +70,7 @@ def demo_like_target(dtype: torch.dtype, cache: str | None = None, seed: int = 0
     config = _llama_config(spec, _DemoVocab(spec.vocab_size))
     torch.manual_seed(seed)
     note = (
-        f"a randomly initialised Llama with the demo target's config (train.demo SPECS['full']: "
+        f"a randomly initialised Llama with the demo target's config (demo SPECS['full']: "
         f"{spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}); the demo target "
         f"is not built in {os.path.dirname(path)}"
     )

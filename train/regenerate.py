@@ -83,7 +83,7 @@ class RegenConfig:
     target: a Hub id, a local model directory, or demo / demo-tiny (the built-in demo target).
     data: a local .json/.jsonl/.parquet file or directory, a Hub dataset id, or demo / demo-tiny
         (the demo head-training data; ``split`` then picks train | eval | prompts, or train-chat |
-        eval-chat: the train / eval chunks as chat conversations, `train.demo.ensure_demo_chat_data`).
+        eval-chat: the train / eval chunks as chat conversations, `demo.ensure_demo_chat_data`).
     out: the output JSONL file (appended to; see the module docstring on resuming).
     split: the split of a Hub dataset (or the demo file, see ``data``).
     format: auto | text | sharegpt | messages (as in `train.data.DataConfig`).
@@ -367,7 +367,7 @@ def regenerate(
 def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
     """(path or Hub id, split) for ``cfg.data``; demo / demo-tiny map to the demo data's files."""
     if cfg.data in DEMO_DATA:
-        from train.demo import ensure_demo_chat_data, ensure_demo_data  # builds demo data: only when asked
+        from demo import ensure_demo_chat_data, ensure_demo_data  # builds demo data: only when asked
 
         files = ensure_demo_data(DEMO_DATA[cfg.data])
         if cfg.split.endswith("-chat"):
@@ -383,7 +383,7 @@ def load_target_and_tokenizer(cfg: RegenConfig):
     """The frozen target (on ``cfg.device``) and its tokenizer; demo names are built on first use."""
     path = cfg.target
     if path in DEMO_NAMES:
-        from train.demo import ensure_demo_target  # builds the demo target: only when it is asked for
+        from demo import ensure_demo_target  # builds the demo target: only when it is asked for
 
         path = ensure_demo_target(DEMO_NAMES[path])
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,122 @@
+"""Aggregation of the benchmark's runs: τ, tokens/s, speedup with a percentile-bootstrap interval over
+prompts, paired comparisons (``--vs``). Pure functions of `infer.benchmark.methods.Run` lists."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+
+import torch
+
+from infer.benchmark.methods import Method, Run
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    i = (len(s) - 1) * q
+    lo, hi = math.floor(i), math.ceil(i)
+    return s[lo] + (s[hi] - s[lo]) * (i - lo)
+
+
+BOOTSTRAP_REPS = 2000
+
+
+def total_rate(runs: list[Run]) -> float:
+    """Σ tokens / Σ seconds over ``runs``: the tokens/s of the whole prompt set."""
+    return sum(r.new_tokens for r in runs) / sum(r.seconds for r in runs)
+
+
+def bootstrap_ratio_ci(
+    runs: list[Run], base: list[Run], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = 0.95
+) -> list[float] | None:
+    """Percentile bootstrap interval of the total-rate ratio (Σ tokens / Σ seconds of ``runs``) over
+    (Σ tokens / Σ seconds of ``base``), resampling prompts with replacement and keeping each prompt's
+    pair together (both ran on the same prompt, interleaved). None for fewer than 2 prompts.
+
+    It covers prompt-to-prompt variation and the timing noise within this run, not a machine that is
+    slower or faster in another run. Deterministic given ``seed``.
+    """
+    n = len(runs)
+    if n < 2:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (reps, n), generator=g)
+    cols = [
+        torch.tensor([float(getattr(r, k)) for r in rs], dtype=torch.float64)
+        for rs in (runs, base)
+        for k in ("new_tokens", "seconds")
+    ]
+    tok_a, sec_a, tok_b, sec_b = (c[idx].sum(1) for c in cols)
+    ratios = (tok_a / sec_a) / (tok_b / sec_b)
+    lo, hi = torch.quantile(ratios, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return [float(lo), float(hi)]
+
+
+def compare(a: dict, b: dict, runs_a: list[Run], runs_b: list[Run]) -> dict:
+    """Paired comparison of two methods on the same prompts (``--vs A:B``): the ratio of their total rates,
+    its `bootstrap_ratio_ci`, and on how many prompts A was faster."""
+    ratio = total_rate(runs_a) / total_rate(runs_b)
+    wins = sum(
+        x.new_tokens / x.seconds > y.new_tokens / y.seconds for x, y in zip(runs_a, runs_b, strict=True)
+    )
+    return {
+        "a": a["method"],
+        "b": b["method"],
+        "ratio": ratio,
+        "ci95": bootstrap_ratio_ci(runs_a, runs_b),
+        "a_faster_on": wins,
+        "n_prompts": len(runs_a),
+        "tau_a": a["tau"],
+        "tau_b": b["tau"],
+    }
+
+
+def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
+    """Aggregate one method's runs on one prompt set and mode against the plain runs (same prompts)."""
+    steps = [s for r in runs if r.steps is not None for s in r.steps]
+    have_steps = all(r.steps is not None for r in runs) and steps
+    tps = [r.new_tokens / r.seconds for r in runs]
+    base_tps = [r.new_tokens / r.seconds for r in base]
+    total_speedup = total_rate(runs) / total_rate(base)
+    per_prompt = [a / b for a, b in zip(tps, base_tps, strict=True)]
+    tau = sum(steps) / len(steps) if have_steps else None
+    split = None
+    if all(r.total_s is not None and r.draft_s is not None and r.verify_s is not None for r in runs):
+        d, v, t = (sum(getattr(r, k) for r in runs) for k in ("draft_s", "verify_s", "total_s"))
+        split = {"draft": d, "verify": v, "bookkeeping": t - d - v, "total": t}
+    return {
+        "method": method.label,
+        "kind": method.kind,
+        "heads": method.heads,
+        "head_type": method.head_type,
+        "tree_size": method.tree_size,
+        "tree": method.tree_desc,
+        "n_prompts": len(runs),
+        "new_tokens": sum(r.new_tokens for r in runs),
+        "seconds": sum(r.seconds for r in runs),
+        "tau": tau,
+        "tau_histogram": {str(k): v for k, v in sorted(Counter(steps).items())} if have_steps else None,
+        "tau_quantiles": {f"p{int(q * 100)}": quantile(steps, q) for q in (0.1, 0.5, 0.9)}
+        if have_steps
+        else None,
+        "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)},
+        "speedup": {
+            "total": total_speedup,
+            "median": statistics.median(per_prompt),
+            "ci95": bootstrap_ratio_ci(runs, base),
+        },
+        "efficiency": total_speedup / tau if tau else None,
+        "time_split_s": split,
+        "peak_memory_mib": max(r.peak_mib for r in runs),
+        "identical": None,
+        "near_tie_flips": None,
+        "per_prompt": [
+            {
+                "new_tokens": r.new_tokens,
+                "seconds": r.seconds,
+                "tau": (sum(r.steps) / len(r.steps)) if r.steps else None,
+            }
+            for r in runs
+        ],
+    }
