@@ -16,53 +16,17 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
+from heads import chat
+from heads.chat import ROLES  # noqa: F401  (re-exported: train.data.ROLES)
 from train.sources import DataError, _one_line
-
-# Role spellings of OpenAI-style messages and ShareGPT, mapped to the roles chat templates expect.
-ROLES = {
-    "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "model": "assistant",
-}
 
 
 def to_messages(conversation: Any, where: str) -> list[dict[str, str]]:
-    """Normalise one ShareGPT or OpenAI-style conversation to ``[{"role", "content"}]``.
-
-    Either key pair is accepted per turn (``from``/``value`` or ``role``/``content``); roles are mapped
-    with `ROLES` (human -> user, gpt/model -> assistant). Leading assistant turns (before any user or
-    system message) are dropped. Raises DataError naming ``where``.
-    """
-    if not isinstance(conversation, (list, tuple)) or not conversation:
-        kind = "an empty list" if isinstance(conversation, (list, tuple)) else type(conversation).__name__
-        raise DataError(f"{where}: conversation must be a non-empty list of messages, got {kind}")
-    messages = []
-    for j, turn in enumerate(conversation):
-        if not isinstance(turn, dict):
-            raise DataError(
-                f"{where}: message {j} must be an object with role/content, got {type(turn).__name__}"
-            )
-        role = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
-        if role is None:
-            raise DataError(f"{where}: message {j} has no role (expected a 'role' or 'from' key)")
-        if role not in ROLES:
-            raise DataError(
-                f"{where}: message {j} has unknown role {role!r}; expected one of {', '.join(ROLES)}"
-            )
-        if not isinstance(content, str):
-            raise DataError(f"{where}: message {j} content is not a string (got {type(content).__name__})")
-        messages.append({"role": ROLES[role], "content": content})
-    # Assistant turns before any user/system message have no prompt to answer, and templates cannot
-    # render the empty conversation before them; drop them, as FastChat/Medusa preprocessing does.
-    first = next((j for j, m in enumerate(messages) if m["role"] != "assistant"), len(messages))
-    messages = messages[first:]
-    if not any(m["role"] == "assistant" for m in messages):
-        raise DataError(f"{where}: conversation has no assistant turn")
-    return messages
+    """Normalise one ShareGPT or OpenAI-style conversation to ``[{"role", "content"}]`` (`heads.chat.to_messages`,
+    the one normaliser: ``from``/``value`` or ``role``/``content`` turns, roles mapped by `ROLES`, leading
+    assistant turns dropped); a training conversation needs an assistant turn. Raises DataError naming
+    ``where``."""
+    return chat.to_messages(conversation, where, error=DataError)
 
 
 def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
