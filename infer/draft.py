@@ -8,11 +8,16 @@ heads always see the hidden states of exactly the tokens that were accepted:
     advance(tokens, hidden, aux) after verification, with the n accepted nodes (root first)
 
 This is the same role as transformers' ``CandidateGenerator``, with a tree instead of a chain.
+
+For a batch, ``proposer.batched()`` gives a `BatchProposer` over the same heads: the same calls with a
+leading row dimension (rows of different lengths, left-aligned), trees as `DraftTree` fields of shape
+[B, N+1, ...] (one tree per row, all of one size), and ``select(rows)`` when finished rows leave.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +39,43 @@ class Proposer:
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
         raise NotImplementedError
+
+    def batched(self) -> BatchProposer:
+        """A `BatchProposer` drafting with the same heads and settings, one tree per row."""
+        raise NotImplementedError(f"{type(self).__name__} drafts for batch size 1 only")
+
+
+class BatchProposer:
+    """The batch form of `Proposer` (see the module docstring).
+
+    start(prompt_ids [B, T], out, valid [B, T])   left-aligned: every row's last token at T-1
+    propose(root [B], max_depth)  -> DraftTree with fields [B, N+1], [B, N+1, N+1], [B, P, D+1]
+    advance(tokens [B, L], hidden [B, L, H], aux, length [B])  row b's first length[b] entries accepted
+    select(rows [B'])             keep those rows only
+    """
+
+    aux_layers: tuple[int, ...] = ()
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        raise NotImplementedError
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        raise NotImplementedError
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        raise NotImplementedError
+
+    def select(self, rows: Tensor) -> None:
+        raise NotImplementedError
+
+
+def rows_of(tree: DraftTree, batch: int) -> DraftTree:
+    """One tree's structure for every row of a batch (a static tree: the same shape in every row);
+    ``tokens`` [B, N+1] is taken as given when already batched."""
+    fields = [t.expand(batch, *t.shape) for t in (tree.parents, tree.depth, tree.ancestors)]
+    fields += [t.expand(batch, *t.shape) for t in (tree.retrieve, tree.sib_before)]
+    tokens = tree.tokens if tree.tokens.dim() == 2 else tree.tokens.expand(batch, -1)
+    return DraftTree(tokens, *fields)
 
 
 def root_only(root: Tensor) -> DraftTree:
@@ -90,3 +132,39 @@ class MedusaProposer(Proposer):
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
         self.hidden = hidden[-1]
+
+    def batched(self) -> BatchMedusa:
+        return BatchMedusa(self)
+
+
+class BatchMedusa(BatchProposer):
+    """`MedusaProposer` for a batch: one head forward over all rows' last accepted states [B, H]; every
+    row's tree has the static shape, filled with its own top-k tokens."""
+
+    def __init__(self, single: MedusaProposer) -> None:
+        self.single = single
+        self.hidden: Tensor | None = None  # [B, H]
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        self.hidden = out.hidden[:, -1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        single, B = self.single, root.shape[0]
+        tb = single.buffers(max_depth, root.device)
+        if not tb.paths:
+            return rows_of(root_only(root[0]), B)
+        heads, feats = single.heads, torch.stack([blk(self.hidden) for blk in single.heads.blocks[: tb.max_depth]])
+        if heads.lm_heads is not None:  # feats [D, B, H]
+            logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
+        else:
+            logits = single.lm_head(feats.to(single.lm_head.weight.dtype))  # [D, B, V]
+        topk = logits.topk(tb.topk, dim=-1).indices.transpose(0, 1)  # [B, D, K]
+        cands = topk.reshape(B, -1)[:, tb.cand_index]  # [B, N]
+        tree = tb.draft(root[0], topk[0])
+        return rows_of(replace(tree, tokens=torch.cat([root[:, None], cands], 1)), B)
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        self.hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), length - 1]
+
+    def select(self, rows: Tensor) -> None:
+        self.hidden = self.hidden.index_select(0, rows)

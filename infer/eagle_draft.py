@@ -34,12 +34,14 @@ logits are over the head's draft vocabulary; and draft ids map to target ids thr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
-from infer.cache import new_cache
-from infer.draft import Proposer, root_only
+from infer.cache import RaggedKV, new_cache
+from infer.draft import BatchProposer, Proposer, root_only, rows_of
 from infer.tree import DraftTree, structure_from_parents
 
 
@@ -207,3 +209,140 @@ class EagleProposer(Proposer):
             tree_parents, tree_depth, max_depth=D, leaves_only=False
         )
         return DraftTree(tree_tokens, tree_parents, tree_depth, ancestors, retrieve, sib_before)
+
+    def batched(self) -> BatchEagle:
+        return BatchEagle(self)
+
+
+def _additive(vis: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, Q, S] bool (True = attend) -> the [B, 1, Q, S] additive mask the draft layer takes."""
+    mask = torch.zeros(vis.shape, dtype=dtype, device=vis.device)
+    return mask.masked_fill_(~vis, torch.finfo(dtype).min)[:, None]
+
+
+class BatchEagle(BatchProposer):
+    """`EagleProposer` for a batch: the same EAGLE-2 drafting, every row at once.
+
+    The draft cache is a `RaggedKV` (rows commit different numbers of pairs per step; a row's padding
+    pairs become holes that no query attends). ``pending_*`` [B, M] hold the pairs not yet committed,
+    right-padded (``pending_ok`` False at padding). Every row expands its own frontier and reranks its
+    own candidates; only the tree structure is built per row (`structure_from_parents` takes one tree).
+    """
+
+    def __init__(self, single: EagleProposer) -> None:
+        self.single = single
+        self.aux_layers = single.aux_layers
+        self.kv: RaggedKV | None = None
+        self.pairs: Tensor | None = None  # [B] pairs committed per row (the next pair's position)
+        self.pending_tokens: Tensor | None = None  # [B, M]
+        self.pending_feats: Tensor | None = None  # [B, M, F]
+        self.pending_ok: Tensor | None = None  # [B, M] bool
+        self.last_feat: Tensor | None = None  # [B, F]
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        """Pair t = (x_{t+1}, f_t) for t < T-1, real iff token t is (left-aligned rows)."""
+        feats = self.single._target_feats(out.hidden, out.aux)
+        feats = feats.masked_fill(~valid[..., None], 0)  # padding's features are never read; keep them finite
+        B = prompt_ids.shape[0]
+        self.kv = RaggedKV(prompt_ids.new_empty(B, 0))
+        self.pairs = torch.zeros(B, dtype=torch.long, device=prompt_ids.device)
+        self.pending_tokens, self.pending_feats = prompt_ids[:, 1:], feats[:, :-1]
+        self.pending_ok = valid[:, :-1]
+        self.last_feat = feats[:, -1]
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        """New pairs (tokens[b, i], feature[b, i-1]) for i = 1..length[b]-1."""
+        feats = self.single._target_feats(hidden, aux)
+        ok = torch.arange(tokens.shape[1] - 1, device=tokens.device) < (length - 1)[:, None]
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens[:, 1:]], 1)
+        self.pending_feats = torch.cat([self.pending_feats, feats[:, :-1]], 1)
+        self.pending_ok = torch.cat([self.pending_ok, ok], 1)
+        self.last_feat = feats[torch.arange(feats.shape[0], device=feats.device), length - 1]
+
+    def select(self, rows: Tensor) -> None:
+        self.kv.select(rows)
+        for name in ("pairs", "pending_tokens", "pending_feats", "pending_ok", "last_feat"):
+            setattr(self, name, getattr(self, name).index_select(0, rows))
+
+    def _commit(self, root: Tensor) -> Tensor:
+        """One draft forward over every row's pending pairs + its root pair -> f̂ at the root [B, H]."""
+        s = self.single
+        toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m]
+        feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
+        ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
+        m = toks.shape[1]
+        pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
+        eye = torch.eye(m, dtype=torch.bool, device=toks.device)
+        causal = torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]  # a padding pair sees itself only
+        vis = torch.cat([self.kv.visible(m), causal], 2)
+        out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0),
+                     attention_mask=_additive(vis, s.head.fc.weight.dtype), cache=self.kv.cache)  # fmt: skip
+        self.kv.extend(torch.where(ok, pos, -1))
+        self.pairs = self.pairs + ok.sum(1)
+        self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
+        self.kv.pack()
+        return out[:, -1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth), total_tokens nodes each
+        (fewer when there are fewer candidates)."""
+        s, K, B = self.single, self.single.top_k, root.shape[0]
+        D = min(s.depth, max_depth)
+        if D <= 0:  # nothing to draft (every row ends this step)
+            return rows_of(replace(root_only(root[0]), tokens=root[:, None]), B)
+        f_root = self._commit(root)  # [B, H]
+        head, device, dtype = s.head, root.device, s.head.fc.weight.dtype
+        top = torch.log_softmax(head.logits(f_root, s.lm_head), -1).topk(K)  # [B, K]
+        top_tok = s._target_ids(top.indices)
+        eye, cand_depth = s._constants(device, dtype)
+        cand_tok, cand_score = [top_tok], [top.values]
+        cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=device)]
+        n_cand = K
+        f_cid = torch.arange(K, device=device).expand(B, K)
+        f_tok, f_score, f_feat = top_tok, top.values, f_root[:, None].expand(-1, K, -1)
+        C, root_pos = self.kv.slots, self.pairs - 1
+        mask = torch.full((B, K, C + (D - 1) * K), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[:, :, :C] = _additive(self.kv.visible(K), dtype)[:, 0]
+        for d in range(1, D):  # as `EagleProposer.propose`, with a row dimension
+            hi = C + d * K
+            mask[:, :, hi - K : hi] = eye
+            pos = (root_pos + d)[:, None].expand(-1, K)
+            f_hat = head(f_tok, f_feat, s.embed, position_ids=pos, attention_mask=mask[:, None, :, :hi],
+                         cache=self.kv.cache)  # fmt: skip
+            child = torch.log_softmax(head.logits(f_hat, s.lm_head), -1).topk(K, dim=-1)  # [B, K, K]
+            scores = (f_score[:, :, None] + child.values).reshape(B, -1)
+            tokens = s._target_ids(child.indices.reshape(B, -1))
+            cand_tok.append(tokens)
+            cand_score.append(scores)
+            cand_parent.append(f_cid.repeat_interleave(K, dim=1))
+            n_cand += K * K
+            if d == D - 1:
+                break
+            best = scores.topk(K, dim=-1).indices  # [B, K]
+            pj = best // K
+            f_cid = n_cand - K * K + best
+            f_tok, f_score = tokens.gather(1, best), scores.gather(1, best)
+            f_feat = f_hat.gather(1, pj[..., None].expand(-1, -1, f_hat.shape[-1]))
+            mask[:, :, C:hi] = mask[:, :, C:hi].gather(1, pj[..., None].expand(-1, -1, hi - C))
+        self.kv.crop(C)  # drop the tree steps' KV
+        return self._rerank(root, torch.cat(cand_tok, 1), torch.cat(cand_score, 1), torch.cat(cand_parent, 1),
+                            cand_depth[:n_cand], D)  # fmt: skip
+
+    def _rerank(self, root, tok, score, parent, depth, D: int) -> DraftTree:
+        """Every row's best total_tokens - 1 candidates ([B, n_cand] each) as its tree."""
+        B, n_cand, device = tok.shape[0], tok.shape[1], tok.device
+        n = min(self.single.total_tokens - 1, n_cand)
+        keep = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :n].sort(dim=1).values
+        slot = torch.zeros(B, n_cand, dtype=torch.long, device=device)
+        slot.scatter_(1, keep, torch.arange(1, n + 1, device=device).expand(B, n))
+        kp = parent.gather(1, keep)
+        minus = torch.full((B, 1), -1, dtype=torch.long, device=device)
+        parents = torch.cat([minus, torch.where(kp >= 0, slot.gather(1, kp.clamp(min=0)), 0)], 1)
+        depths = torch.cat([torch.zeros_like(minus), depth[keep]], 1)
+        tokens = torch.cat([root[:, None], tok.gather(1, keep)], 1)
+        per_row = [  # O(B) calls of a few tiny ops each
+            structure_from_parents(p, d, max_depth=D, leaves_only=False)
+            for p, d in zip(parents, depths, strict=True)
+        ]
+        ancestors, retrieve, sib_before = (torch.stack(t) for t in zip(*per_row, strict=True))
+        return DraftTree(tokens, parents, depths, ancestors, retrieve, sib_before)
