@@ -155,12 +155,13 @@ class RaggedKV:
         select_rows(self.cache, rows)
         self.pos = self.pos.index_select(0, rows)
 
-    def pack(self, slack: int = 32) -> None:
+    def pack(self, longest: int | None = None, slack: int = 32) -> None:
         """Close the holes once they outgrow ``slack`` and half the longest row: each row's filled slots
         move, in order, to the right end of a slot axis as long as its longest row (a left-padded
-        layout). O(S) copy, amortised over the many steps that made the holes."""
+        layout). O(S) copy, amortised over the many steps that made the holes. ``longest``: the
+        longest row's filled slots when the caller knows it on the host (else read back: a sync)."""
         filled = self.pos >= 0
-        width = int(filled.sum(1).max())
+        width = int(filled.sum(1).max()) if longest is None else longest
         if self.slots - width <= max(slack, width // 2):
             return
         order = torch.sort(filled.to(torch.int8), dim=1, stable=True).indices[:, -width:]  # holes first

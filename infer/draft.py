@@ -17,7 +17,7 @@ leading row dimension (rows of different lengths, left-aligned), trees as `Draft
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 from torch import Tensor, nn
@@ -78,6 +78,11 @@ def rows_of(tree: DraftTree, batch: int) -> DraftTree:
     return DraftTree(tokens, *fields)
 
 
+def row_of(tree: DraftTree, b: int = 0) -> DraftTree:
+    """Row ``b`` of a batch of trees, as one tree."""
+    return DraftTree(*(getattr(tree, f.name)[b] for f in fields(tree)))
+
+
 def root_only(root: Tensor) -> DraftTree:
     """A tree with no drafts: verification degenerates into one plain decoding step."""
     z = torch.zeros(1, dtype=torch.long, device=root.device)
@@ -89,6 +94,11 @@ def root_only(root: Tensor) -> DraftTree:
         z.view(1, 1),
         torch.zeros(1, 1, dtype=torch.bool, device=root.device),
     )
+
+
+def root_only_rows(root: Tensor) -> DraftTree:
+    """root: [B] -> a batch of trees without drafts, each row's own root."""
+    return rows_of(replace(root_only(root[0]), tokens=root[:, None]), root.shape[0])
 
 
 class MedusaProposer(Proposer):
@@ -104,11 +114,12 @@ class MedusaProposer(Proposer):
                 f"{heads.config.num_heads}"
             )
         validate_paths(self.tree)  # fail at construction, not at the first step
-        self.hidden: Tensor | None = None  # [H], last accepted position's post-norm state
         self._buffers: dict[tuple[int, torch.device], TreeBuffers] = {}  # per depth limit, per device
+        self._rows: BatchMedusa | None = None  # the one-row batch this proposer drafts with
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
-        self.hidden = out.hidden[0, -1]
+        self._rows = BatchMedusa(self)
+        self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def buffers(self, max_depth: int, device: torch.device) -> TreeBuffers:
         """The tree cut to ``max_depth``; built once per cut (validating and hashing the paths every
@@ -119,19 +130,11 @@ class MedusaProposer(Proposer):
         return self._buffers[key]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
-        tb = self.buffers(max_depth, root.device)
-        if not tb.paths:
-            return root_only(root)
-        feats = torch.stack([blk(self.hidden) for blk in self.heads.blocks[: tb.max_depth]])  # [D, H]
-        if self.heads.lm_heads is not None:
-            logits = torch.stack([h(f) for h, f in zip(self.heads.lm_heads, feats, strict=False)])
-        else:
-            logits = self.lm_head(feats.to(self.lm_head.weight.dtype))  # [D, V]
-        topk = logits.topk(tb.topk, dim=-1).indices  # [D, K]
-        return tb.draft(root, topk)
+        return row_of(self._rows.propose(root.view(1), max_depth))
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
-        self.hidden = hidden[-1]
+        n = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
+        self._rows.advance(tokens[None], hidden[None], tuple(a[None] for a in aux), n)
 
     def batched(self) -> BatchMedusa:
         return BatchMedusa(self)
@@ -152,7 +155,7 @@ class BatchMedusa(BatchProposer):
         single, B = self.single, root.shape[0]
         tb = single.buffers(max_depth, root.device)
         if not tb.paths:
-            return rows_of(root_only(root[0]), B)
+            return root_only_rows(root)
         heads, feats = single.heads, torch.stack([blk(self.hidden) for blk in single.heads.blocks[: tb.max_depth]])
         if heads.lm_heads is not None:  # feats [D, B, H]
             logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])

@@ -280,13 +280,14 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
     stats.num_target_forwards, t1 = 1, time.perf_counter()
     while True:
         if any(done):  # finished rows stop costing work
-            alive = torch.tensor([j for j, d in enumerate(done) if not d], dtype=torch.long, device=ids.device)
-            live = [i for i, d in zip(live, done, strict=True) if not d]
+            alive = [j for j, d in enumerate(done) if not d]
+            live = [live[j] for j in alive]
             if not live:
                 break
             runner.select(alive)
-            proposer.select(alive)
-            root = root.index_select(0, alive)
+            index = torch.tensor(alive, dtype=torch.long, device=ids.device)
+            proposer.select(index)
+            root = root.index_select(0, index)
         tree = clock.draft(proposer.propose, root, max(job.limit - len(rows[i].new) for i in live) - 1)
         out = clock.verify(runner.verify, tree)
         acc = rule.accept(out.logits, tree)  # [B, N+1, V]
@@ -295,7 +296,7 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
             [acc.length[:, None], acc.next_token[:, None], tree.tokens.gather(1, acc.path.clamp(min=0))], 1
         ).tolist()
         keep = acc.path[:, : max(h[0] for h in host)]  # [B, L]
-        runner.accept(keep, acc.length)
+        runner.accept(keep, acc.length, [h[0] for h in host])
         idx = keep.clamp(min=0)
         clock.draft(proposer.advance, tree.tokens.gather(1, idx), _at(out.hidden, idx),
                     tuple(_at(a, idx) for a in out.aux), acc.length)  # fmt: skip

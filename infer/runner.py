@@ -139,6 +139,7 @@ class BatchRunner:
             register()
         self.kv: RaggedKV | None = None
         self.next_pos: Tensor | None = None
+        self.lengths: list[int] = []
         self._start = 0  # slots before the last verified tree
 
     def prefill(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
@@ -147,6 +148,7 @@ class BatchRunner:
         pos = valid.long().cumsum(1) - 1
         self.kv = RaggedKV(torch.where(valid, pos, -1))
         self.next_pos = valid.sum(1)
+        self.lengths = self.next_pos.tolist()  # each row's tokens in the cache, on the host
         out = run_target_lean(
             self.target,
             input_ids,
@@ -199,17 +201,21 @@ class BatchRunner:
         self.kv.extend(q_pos)
         return out
 
-    def accept(self, path: Tensor, length: Tensor) -> None:
+    def accept(self, path: Tensor, length: Tensor, counts: list[int]) -> None:
         """path: [B, L] accepted node indices root first (L = the longest row's count; -1 or unaccepted
-        nodes beyond a row's ``length`` [B]): row b's accepted KV moves to the L slots after the prefix,
-        the rest of its share becomes holes, and the tree's other slots are dropped."""
+        nodes beyond a row's ``length`` [B], the same as ``counts`` on the host): row b's accepted KV
+        moves to the L slots after the prefix, the rest of its share becomes holes, and the tree's
+        other slots are dropped."""
         j = torch.arange(path.shape[1], device=path.device)
         pos = torch.where(j < length[:, None], self.next_pos[:, None] + j, -1)
         self.kv.take(self._start, self._start + path.clamp(min=0), pos)
         self.next_pos = self.next_pos + length
-        self.kv.pack()
+        self.lengths = [a + n for a, n in zip(self.lengths, counts, strict=True)]
+        self.kv.pack(max(self.lengths))
 
-    def select(self, rows: Tensor) -> None:
-        """Keep batch rows ``rows`` [B'] only (the others finished)."""
-        self.kv.select(rows)
-        self.next_pos = self.next_pos.index_select(0, rows)
+    def select(self, rows: list[int]) -> None:
+        """Keep batch rows ``rows`` only (the others finished)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.next_pos.device)
+        self.kv.select(index)
+        self.next_pos = self.next_pos.index_select(0, index)
+        self.lengths = [self.lengths[r] for r in rows]

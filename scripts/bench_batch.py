@@ -55,6 +55,10 @@ class BenchBatchOptions:
     heads: list[str] = field(default_factory=lambda: ["medusa", "eagle"], metadata={"help": "medusa, eagle"})
     train_steps: int = field(default=300, metadata={"help": "Adam steps for the heads trained here"})
     seed: int = field(default=0, metadata={"help": "seed of the training and of sampling"})
+    data: str | None = field(
+        default=None,
+        metadata={"help": "demo corpus dir (train.jsonl, prompts.jsonl); default: next to the target's"},
+    )
 
 
 def corpus_ids(tokenizer, path: str, n: int, length: int) -> list[torch.Tensor]:
@@ -224,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_demo_target("demo-tiny")
-    data_dir = path.replace("demo-target-", "demo-data-")
+    data_dir = opts.data or os.path.join(os.path.dirname(path), os.path.basename(path).replace("target", "data"))
+    if not all(os.path.isfile(os.path.join(data_dir, f)) for f in ("train.jsonl", "prompts.jsonl")):
+        raise SystemExit(f"no demo corpus (train.jsonl, prompts.jsonl) in {data_dir}: pass --data DIR")
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
     target.generation_config.eos_token_id = None  # every row makes exactly max_new_tokens

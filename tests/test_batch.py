@@ -74,7 +74,7 @@ def check_rows(target, out, rows, ids, n: int, eos: int | None = None, pad: int 
     assert st.new_tokens == sum(r.new_tokens for r in st.rows)
     assert st.accepted_lengths == [a for r in st.rows for a in r.accepted_lengths]
     assert st.num_target_forwards == 1 + max(len(r.accepted_lengths) for r in st.rows)
-    assert st.mean_accepted_length == pytest.approx(sum(st.accepted_lengths) / len(st.accepted_lengths))
+    assert st.mean_accepted_length == pytest.approx(sum(st.accepted_lengths) / max(len(st.accepted_lengths), 1))
 
 
 def diverged(out) -> bool:
@@ -128,6 +128,30 @@ def test_rows_stop_on_their_own():
         r.num_target_forwards for r in out.stats.rows
     )
     assert out.sequences.shape[1] == ids.shape[1] + max(r.new_tokens for r in out.stats.rows)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_rows_ending_together(n):
+    """Few new tokens: every row's last step has no room for drafts (a root-only tree per row, each its
+    own root) and all rows end in the same step."""
+    key = ("llama",)
+    m, rows = spec(key, "random"), prompts()
+    ids, mask = padded(rows, "left")
+    out = infer.generate(m, ids, attention_mask=mask, max_new_tokens=n)
+    check_rows(model(*key), out, rows, ids, n)
+
+
+@pytest.mark.parametrize("acceptance", ["typical", "exact"])
+def test_batch_sampling_at_low_temperature_is_greedy(acceptance):
+    """Sampled acceptance rules on a batch, at T -> 0 (the target's distribution one-hot): every row is
+    the greedy output alone, with drafts accepted (typical: Medusa's rule; exact: rejection sampling)."""
+    key = ("qwen3",)
+    m, rows, n = spec(key, "trained"), prompts(), 24
+    ids, mask = padded(rows, "right")
+    out = infer.generate(m, ids, attention_mask=mask, max_new_tokens=n, do_sample=True, temperature=1e-5,
+                         acceptance=acceptance, generator=torch.Generator().manual_seed(0))  # fmt: skip
+    check_rows(model(*key), out, rows, ids, n)
+    assert out.stats.mean_accepted_length > 1.5
 
 
 def test_batch_of_identical_prompts_and_one_row():

@@ -15,6 +15,7 @@ The same statistic must reject (p < 1e-3) deliberately broken acceptance rules, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import random
 from collections import Counter
@@ -27,6 +28,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 import infer
 from heads import MedusaHeads
+from infer.draft import row_of
 from infer.generate import speculative_generate
 from infer.tree import DraftTree, chain, tree_buffers
 from infer.verify import Acceptance, accept_exact, sample_from
@@ -187,10 +189,14 @@ def as_accept_exact(**switches) -> Callable:
     rng = random.Random(1234)
 
     def accept(probs: torch.Tensor, tree: DraftTree, generator=None) -> Acceptance:
+        if probs.dim() == 3:  # a batch of trees (the batched loop): row by row
+            rows = [accept(probs[b], row_of(tree, b)) for b in range(probs.shape[0])]
+            fields = zip(*(dataclasses.astuple(r) for r in rows), strict=True)
+            return Acceptance(*(torch.stack(t) for t in fields))
         nodes, bonus = rejection_walk(
             probs.double().tolist(), tree.parents.tolist(), tree.tokens.tolist(), rng, **switches
         )
-        width = tree.retrieve.shape[1]
+        width = tree.retrieve.shape[-1]
         path = torch.tensor(nodes + [-1] * (width - len(nodes)), dtype=torch.long)
         return Acceptance(path, torch.tensor(len(nodes)), torch.tensor(bonus))
 
