@@ -156,15 +156,15 @@ class BatchMedusa(BatchProposer):
         tb = single.buffers(max_depth, root.device)
         if not tb.paths:
             return root_only_rows(root)
-        heads, feats = single.heads, torch.stack([blk(self.hidden) for blk in single.heads.blocks[: tb.max_depth]])
-        if heads.lm_heads is not None:  # feats [D, B, H]
+        heads = single.heads
+        feats = torch.stack([blk(self.hidden) for blk in heads.blocks[: tb.max_depth]])  # [D, B, H]
+        if heads.lm_heads is not None:
             logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
         else:
             logits = single.lm_head(feats.to(single.lm_head.weight.dtype))  # [D, B, V]
         topk = logits.topk(tb.topk, dim=-1).indices.transpose(0, 1)  # [B, D, K]
-        cands = topk.reshape(B, -1)[:, tb.cand_index]  # [B, N]
-        tree = tb.draft(root[0], topk[0])
-        return rows_of(replace(tree, tokens=torch.cat([root[:, None], cands], 1)), B)
+        tokens = torch.cat([root[:, None], topk.reshape(B, -1)[:, tb.cand_index]], 1)  # [B, N+1]
+        return rows_of(DraftTree(tokens, tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before), B)
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
         self.hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), length - 1]
