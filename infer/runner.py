@@ -140,6 +140,7 @@ class BatchRunner:
         self.kv: RaggedKV | None = None
         self.next_pos: Tensor | None = None
         self.lengths: list[int] = []
+        self.slack = 32  # holes tolerated before the cache is packed (`RaggedKV.pack`)
         self._start = 0  # slots before the last verified tree
 
     def prefill(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
@@ -211,7 +212,7 @@ class BatchRunner:
         self.kv.take(self._start, self._start + path.clamp(min=0), pos)
         self.next_pos = self.next_pos + length
         self.lengths = [a + n for a, n in zip(self.lengths, counts, strict=True)]
-        self.kv.pack(max(self.lengths))
+        self.kv.pack(max(self.lengths), self.slack)
 
     def select(self, rows: list[int]) -> None:
         """Keep batch rows ``rows`` only (the others finished)."""
