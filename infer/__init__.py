@@ -291,20 +291,21 @@ def generate(
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
 
-    input_ids: [1, T] (batch size 1). ``options`` are those of `infer.generate.speculative_generate`:
-    ``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``,
-    ``streamer``, ``generation_config``, ``generator``, ``timing``. Defaults come from the target's
+    input_ids: [B, T] (or [T]); ``attention_mask`` [B, T] of 0/1 marks padding (left or right, as
+    transformers' tokenizers pad). Each row drafts its own tree, accepts its own path and stops on its
+    own (EOS, ``max_new_tokens``); a finished row leaves the batch. Defaults come from the target's
     ``generation_config``, then ``generation_config``, then the keyword arguments. ``do_sample=False``:
-    greedy, token-identical to ``target.generate``. ``do_sample=True``: ``acceptance="exact"``
-    samples exactly from the target's temperature/top-k/top-p distribution; ``"typical"`` uses Medusa's
-    typical acceptance (``p(x) > min(eps, delta·exp(-H(p)))``), faster but not lossless. ``streamer``
-    gets ``put``/``end`` calls like transformers' ``TextStreamer``. Returns ``sequences`` [1, T + new]
-    and ``stats``. ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens``
-    (EAGLE-2 dynamic trees: max draft depth, frontier width and children per node, tree size with the
-    root) shape the drafts. Unset, the drafting and acceptance arguments come from ``model.settings``
-    (`infer.settings.InferSettings`: tuned ones saved with the heads, else exact acceptance, ε 0.09,
-    δ 0.3). ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None
-    otherwise; on CUDA it synchronises around each section, so leave it off when not measuring).
+    greedy, every row token-identical to ``target.generate`` of its prompt alone. ``do_sample=True``:
+    ``acceptance="exact"`` (default) samples exactly from the target's temperature/top-k/top-p
+    distribution; ``"typical"`` uses Medusa's typical acceptance (``p(x) > min(eps, delta·exp(-H(p)))``),
+    faster but not lossless. ``streamer`` (batch size 1 only) gets ``put``/``end`` calls like
+    transformers' ``TextStreamer``. Returns ``sequences`` [B, T + new] (the prompt as given, then each
+    row's new tokens, padded with the pad id after a row's EOS) and ``stats`` (``stats.rows``: per row).
+    ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
+    max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
+    Unset, the drafting and acceptance arguments come from ``model.settings`` (`infer.settings.InferSettings`:
+    tuned ones saved with the heads, else exact acceptance, ε 0.09, δ 0.3). ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None otherwise;
+    on CUDA it synchronises around each section, so leave it off when not measuring).
     """
     s = model.settings
     return speculative_generate(

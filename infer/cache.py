@@ -12,6 +12,7 @@ accepted entries and resets the fill level, nothing is re-allocated per step).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -70,8 +71,6 @@ def new_static_cache(config, max_len: int):
 def ensure_capacity(cache, needed: int) -> None:
     """Grow every static layer of ``cache`` to at least ``needed`` slots (doubling; a tree larger than
     planned for). The filled slots are copied once; dynamic layers are left alone."""
-    import torch
-
     for layer in cache.layers:
         if not _is_static(layer) or layer.max_cache_len >= needed:
             continue
@@ -84,3 +83,86 @@ def ensure_capacity(cache, needed: int) -> None:
                 new[:, :, :fill] = old[:, :, :fill]
                 setattr(layer, name, new)
         layer.max_cache_len = size
+
+
+def take_slots(cache, start: int, src: Tensor) -> None:
+    """Row b's slots start..start+L-1 get the entries now at slots ``src[b]`` ([B, L] long), in every
+    layer, and the cache ends there (dynamic layers only). One gather and one copy per layer and tensor;
+    `compact` is the one-row case with a contiguous destination."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # [B, H_kv, S, D]
+            idx = src[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+            moved = t.gather(2, idx)
+            setattr(layer, name, torch.cat([t[:, :, :start], moved], 2))
+
+
+def select_rows(cache, rows: Tensor) -> None:
+    """Keep only batch rows ``rows`` ([B'] long) of every layer (finished rows leave the batch)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            setattr(layer, name, getattr(layer, name).index_select(0, rows))
+
+
+class RaggedKV:
+    """A ``DynamicCache`` for a batch whose rows hold different numbers of tokens.
+
+    All rows share one slot axis (transformers writes a forward's KV at the same slots in every row);
+    ``pos`` [B, S] long is the position id of the token in each slot, -1 for a slot that holds nothing
+    for that row (left padding, a row's unaccepted share of a step's slots). Attention masks are built
+    from ``pos``: a slot is visible iff pos >= 0 (and, for sliding windows, by position, not slot), so
+    the holes are never attended and each row sees exactly its own sequence.
+    """
+
+    def __init__(self, pos: Tensor) -> None:
+        self.cache = new_cache()
+        self.pos = pos
+
+    @property
+    def slots(self) -> int:
+        return self.pos.shape[1]
+
+    def visible(self, rows_q: int) -> Tensor:
+        """[B, rows_q, S] bool: the filled slots, for each of ``rows_q`` queries of every row."""
+        return (self.pos >= 0)[:, None, :].expand(-1, rows_q, -1)
+
+    def extend(self, pos: Tensor) -> None:
+        """Record the positions [B, n] of the n slots a forward just appended."""
+        self.pos = torch.cat([self.pos, pos], 1)
+
+    def take(self, start: int, src: Tensor, pos: Tensor) -> None:
+        """`take_slots` with the positions ``pos`` [B, L] of the moved entries (-1: none)."""
+        take_slots(self.cache, start, src)
+        self.pos = torch.cat([self.pos[:, :start], pos], 1)
+
+    def clear_holes(self) -> None:
+        """Zero the K/V of slots that hold no token (padding): never attended, but a masked key still
+        multiplies its value by a zero weight, and padding's states need not be finite."""
+        hole = (self.pos < 0)[:, None, :, None]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                getattr(layer, name).masked_fill_(hole, 0)
+
+    def crop(self, slots: int) -> None:
+        """Keep the first ``slots`` slots: drop the tail, e.g. a draft's tree steps, whose KV the cache
+        holds without positions recorded here."""
+        extra = self.cache.get_seq_length() - slots
+        if extra > 0:
+            self.cache.crop(-extra)  # transformers' crop takes minus the count to remove
+        self.pos = self.pos[:, :slots]
+
+    def select(self, rows: Tensor) -> None:
+        select_rows(self.cache, rows)
+        self.pos = self.pos.index_select(0, rows)
+
+    def pack(self, longest: int | None = None, slack: int = 32) -> None:
+        """Close the holes once they outgrow ``slack`` and half the longest row: each row's filled slots
+        move, in order, to the right end of a slot axis as long as its longest row (a left-padded
+        layout). O(S) copy, amortised over the many steps that made the holes. ``longest``: the
+        longest row's filled slots when the caller knows it on the host (else read back: a sync)."""
+        filled = self.pos >= 0
+        width = int(filled.sum(1).max()) if longest is None else longest
+        if self.slots - width <= max(slack, width // 2):
+            return
+        order = torch.sort(filled.to(torch.int8), dim=1, stable=True).indices[:, -width:]  # holes first
+        self.take(0, order, self.pos.gather(1, order))

@@ -8,11 +8,16 @@ heads always see the hidden states of exactly the tokens that were accepted:
     advance(tokens, hidden, aux) after verification, with the n accepted nodes (root first)
 
 This is the same role as transformers' ``CandidateGenerator``, with a tree instead of a chain.
+
+For a batch, ``proposer.batched()`` gives a `BatchProposer` over the same heads: the same calls with a
+leading row dimension (rows of different lengths, left-aligned), trees as `DraftTree` fields of shape
+[B, N+1, ...] (one tree per row, all of one size), and ``select(rows)`` when finished rows leave.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields, replace
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +40,48 @@ class Proposer:
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
         raise NotImplementedError
 
+    def batched(self) -> BatchProposer:
+        """A `BatchProposer` drafting with the same heads and settings, one tree per row."""
+        raise NotImplementedError(f"{type(self).__name__} drafts for batch size 1 only")
+
+
+class BatchProposer:
+    """The batch form of `Proposer` (see the module docstring).
+
+    start(prompt_ids [B, T], out, valid [B, T])   left-aligned: every row's last token at T-1
+    propose(root [B], max_depth)  -> DraftTree with fields [B, N+1], [B, N+1, N+1], [B, P, D+1]
+    advance(tokens [B, L], hidden [B, L, H], aux, length [B])  row b's first length[b] entries accepted
+    select(rows [B'])             keep those rows only
+    """
+
+    aux_layers: tuple[int, ...] = ()
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        raise NotImplementedError
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        raise NotImplementedError
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        raise NotImplementedError
+
+    def select(self, rows: Tensor) -> None:
+        raise NotImplementedError
+
+
+def rows_of(tree: DraftTree, batch: int) -> DraftTree:
+    """One tree's structure for every row of a batch (a static tree: the same shape in every row);
+    ``tokens`` [B, N+1] is taken as given when already batched."""
+    fields = [t.expand(batch, *t.shape) for t in (tree.parents, tree.depth, tree.ancestors)]
+    fields += [t.expand(batch, *t.shape) for t in (tree.retrieve, tree.sib_before)]
+    tokens = tree.tokens if tree.tokens.dim() == 2 else tree.tokens.expand(batch, -1)
+    return DraftTree(tokens, *fields)
+
+
+def row_of(tree: DraftTree, b: int = 0) -> DraftTree:
+    """Row ``b`` of a batch of trees, as one tree."""
+    return DraftTree(*(getattr(tree, f.name)[b] for f in fields(tree)))
+
 
 def root_only(root: Tensor) -> DraftTree:
     """A tree with no drafts: verification degenerates into one plain decoding step."""
@@ -47,6 +94,11 @@ def root_only(root: Tensor) -> DraftTree:
         z.view(1, 1),
         torch.zeros(1, 1, dtype=torch.bool, device=root.device),
     )
+
+
+def root_only_rows(root: Tensor) -> DraftTree:
+    """root: [B] -> a batch of trees without drafts, each row's own root."""
+    return rows_of(replace(root_only(root[0]), tokens=root[:, None]), root.shape[0])
 
 
 class MedusaProposer(Proposer):
@@ -62,11 +114,12 @@ class MedusaProposer(Proposer):
                 f"{heads.config.num_heads}"
             )
         validate_paths(self.tree)  # fail at construction, not at the first step
-        self.hidden: Tensor | None = None  # [H], last accepted position's post-norm state
         self._buffers: dict[tuple[int, torch.device], TreeBuffers] = {}  # per depth limit, per device
+        self._rows: BatchMedusa | None = None  # the one-row batch this proposer drafts with
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
-        self.hidden = out.hidden[0, -1]
+        self._rows = BatchMedusa(self)
+        self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def buffers(self, max_depth: int, device: torch.device) -> TreeBuffers:
         """The tree cut to ``max_depth``; built once per cut (validating and hashing the paths every
@@ -77,16 +130,44 @@ class MedusaProposer(Proposer):
         return self._buffers[key]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
-        tb = self.buffers(max_depth, root.device)
-        if not tb.paths:
-            return root_only(root)
-        feats = torch.stack([blk(self.hidden) for blk in self.heads.blocks[: tb.max_depth]])  # [D, H]
-        if self.heads.lm_heads is not None:
-            logits = torch.stack([h(f) for h, f in zip(self.heads.lm_heads, feats, strict=False)])
-        else:
-            logits = self.lm_head(feats.to(self.lm_head.weight.dtype))  # [D, V]
-        topk = logits.topk(tb.topk, dim=-1).indices  # [D, K]
-        return tb.draft(root, topk)
+        return row_of(self._rows.propose(root.view(1), max_depth))
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
-        self.hidden = hidden[-1]
+        n = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
+        self._rows.advance(tokens[None], hidden[None], tuple(a[None] for a in aux), n)
+
+    def batched(self) -> BatchMedusa:
+        return BatchMedusa(self)
+
+
+class BatchMedusa(BatchProposer):
+    """`MedusaProposer` for a batch: one head forward over all rows' last accepted states [B, H]; every
+    row's tree has the static shape, filled with its own top-k tokens."""
+
+    def __init__(self, single: MedusaProposer) -> None:
+        self.single = single
+        self.hidden: Tensor | None = None  # [B, H]
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        self.hidden = out.hidden[:, -1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        single, B = self.single, root.shape[0]
+        tb = single.buffers(max_depth, root.device)
+        if not tb.paths:
+            return root_only_rows(root)
+        heads = single.heads
+        feats = torch.stack([blk(self.hidden) for blk in heads.blocks[: tb.max_depth]])  # [D, B, H]
+        if heads.lm_heads is not None:
+            logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
+        else:
+            logits = single.lm_head(feats.to(single.lm_head.weight.dtype))  # [D, B, V]
+        topk = logits.topk(tb.topk, dim=-1).indices.transpose(0, 1)  # [B, D, K]
+        tokens = torch.cat([root[:, None], topk.reshape(B, -1)[:, tb.cand_index]], 1)  # [B, N+1]
+        return rows_of(DraftTree(tokens, tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before), B)
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        self.hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), length - 1]
+
+    def select(self, rows: Tensor) -> None:
+        self.hidden = self.hidden.index_select(0, rows)

@@ -26,6 +26,10 @@ No Python loop runs over nodes (only over depth), and `propose` has no host sync
 known on the host, and the tree structure is built with ``structure_from_parents(max_depth=depth,
 leaves_only=False)``, whose ops do not depend on tensor values.
 
+`BatchEagle` does all of this for a batch of rows at once (each row its own pairs, frontier, tree);
+`EagleProposer` is its one-row case, so both run the same code. With B > 1 the tree structure is
+built per row (B small calls) and every 8th step reads the draft cache's fill back to close holes.
+
 EAGLE-3 heads differ in three places only: the target feature of a pair is ``cat(aux)`` [3H], the
 target's ``hidden_states`` at the head's ``aux_layer_ids`` (``aux_layers`` tells `generate` to return
 them; the head fuses them through its ``fc``), while tree steps feed the draft's own outputs [H]; the
@@ -38,8 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
-from infer.cache import new_cache
-from infer.draft import Proposer, root_only
+from infer.cache import RaggedKV
+from infer.draft import BatchProposer, Proposer, root_only_rows, row_of
 from infer.settings import DEFAULTS
 from infer.tree import DraftTree, structure_from_parents
 
@@ -77,12 +81,13 @@ class EagleProposer(Proposer):
         self.d2t: Tensor | None = getattr(head, "d2t", None)
         n_vocab = self.d2t.shape[0] if self.d2t is not None else head.config.vocab_size
         self.top_k = min(draft_top_k, n_vocab)
-        self.cache = None
-        self.committed = 0  # pairs in the draft cache
-        self.pending_tokens: Tensor | None = None  # [m] x_{k+1} of pairs not yet run
-        self.pending_feats: Tensor | None = None  # [m, H] f_k of those pairs ([m, 3H] for EAGLE-3)
-        self.last_feat: Tensor | None = None  # [H] target feature of the last accepted token
         self._const: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # `_constants`
+        self._rows: BatchEagle | None = None  # the one-row batch this proposer drafts with
+
+    @property
+    def cache(self):
+        """The draft layer's KV cache (a transformers ``DynamicCache``), None before `start`."""
+        return self._rows.kv.cache if self._rows is not None else None
 
     def _target_feats(self, hidden: Tensor, aux: tuple[Tensor, ...]) -> Tensor:
         """[..., H] last hidden state (EAGLE-1/2) or [..., 3H] cat of the aux states (EAGLE-3)."""
@@ -106,12 +111,8 @@ class EagleProposer(Proposer):
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
         f_{T-1} waits for the root."""
-        self.cache = new_cache()
-        self.committed = 0
-        feats = self._target_feats(out.hidden, out.aux)[0]
-        self.pending_tokens = prompt_ids[0, 1:]
-        self.pending_feats = feats[:-1]
-        self.last_feat = feats[-1]
+        self._rows = BatchEagle(self)
+        self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
         """tokens: [n] accepted nodes (root first); hidden: [n, H] the target's features at them (aux:
@@ -119,92 +120,154 @@ class EagleProposer(Proposer):
 
         New pairs (tokens[i], feature[i-1]) for i = 1..n-1; the root pair was consumed by `propose`.
         """
-        feats = self._target_feats(hidden, aux)
-        self.pending_tokens = torch.cat([self.pending_tokens, tokens[1:]])
-        self.pending_feats = torch.cat([self.pending_feats, feats[:-1]])
-        self.last_feat = feats[-1]
+        n = torch.full((1,), tokens.shape[0], dtype=torch.long, device=tokens.device)
+        self._rows.advance(tokens[None], hidden[None], tuple(a[None] for a in aux), n)
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [] long, the token the target chose last step -> a `DraftTree` of depth <= min(depth, max_depth)."""
-        head, K = self.head, self.top_k
-        toks = torch.cat([self.pending_tokens, root.view(1)])
-        feats = torch.cat([self.pending_feats, self.last_feat[None]])
-        D = min(self.depth, max_depth)
+        return row_of(self._rows.propose(root.view(1), max_depth))
+
+    def batched(self) -> BatchEagle:
+        return BatchEagle(self)
+
+
+def _additive(vis: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, Q, S] bool (True = attend) -> the [B, 1, Q, S] additive mask the draft layer takes."""
+    mask = torch.zeros(vis.shape, dtype=dtype, device=vis.device)
+    return mask.masked_fill_(~vis, torch.finfo(dtype).min)[:, None]
+
+
+class BatchEagle(BatchProposer):
+    """`EagleProposer` for a batch: the same EAGLE-2 drafting, every row at once.
+
+    The draft cache is a `RaggedKV` (rows commit different numbers of pairs per step; a row's padding
+    pairs become holes that no query attends). ``pending_*`` [B, M] hold the pairs not yet committed,
+    right-padded (``pending_ok`` False at padding). Every row expands its own frontier and reranks its
+    own candidates; only the tree structure is built per row (`structure_from_parents` takes one tree).
+    """
+
+    def __init__(self, single: EagleProposer) -> None:
+        self.single = single
+        self.aux_layers = single.aux_layers
+        self.kv: RaggedKV | None = None
+        self.pairs: Tensor | None = None  # [B] pairs committed per row (the next pair's position)
+        self.pending_tokens: Tensor | None = None  # [B, M]
+        self.pending_feats: Tensor | None = None  # [B, M, F]
+        self.pending_ok: Tensor | None = None  # [B, M] bool
+        self.last_feat: Tensor | None = None  # [B, F]
+        self.commits = 0
+
+    def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
+        """Pair t = (x_{t+1}, f_t) for t < T-1, real iff token t is (left-aligned rows)."""
+        feats = self.single._target_feats(out.hidden, out.aux)
+        feats = feats.masked_fill(~valid[..., None], 0)  # padding's features are never read; keep them finite
+        B = prompt_ids.shape[0]
+        self.kv = RaggedKV(prompt_ids.new_empty(B, 0))
+        self.pairs = torch.zeros(B, dtype=torch.long, device=prompt_ids.device)
+        self.pending_tokens, self.pending_feats = prompt_ids[:, 1:], feats[:, :-1]
+        self.pending_ok = valid[:, :-1]
+        self.last_feat = feats[:, -1]
+
+    def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
+        """New pairs (tokens[b, i], feature[b, i-1]) for i = 1..length[b]-1."""
+        feats = self.single._target_feats(hidden, aux)
+        ok = torch.arange(tokens.shape[1] - 1, device=tokens.device) < (length - 1)[:, None]
+        self._pend(tokens[:, 1:], feats[:, :-1], ok)
+        self.last_feat = feats[torch.arange(feats.shape[0], device=feats.device), length - 1]
+
+    def _pend(self, tokens: Tensor, feats: Tensor, ok: Tensor) -> None:
+        """Append pairs [B, m] (``ok`` False: padding) to the pending ones."""
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens], 1)
+        self.pending_feats = torch.cat([self.pending_feats, feats], 1)
+        self.pending_ok = torch.cat([self.pending_ok, ok], 1)
+
+    def select(self, rows: Tensor) -> None:
+        self.kv.select(rows)
+        for name in ("pairs", "pending_tokens", "pending_feats", "pending_ok", "last_feat"):
+            setattr(self, name, getattr(self, name).index_select(0, rows))
+
+    def _commit(self, root: Tensor) -> Tensor:
+        """One draft forward over every row's pending pairs + its root pair -> f̂ at the root [B, H]."""
+        s = self.single
+        toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m]
+        feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
+        ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
+        m = toks.shape[1]
+        pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
+        eye = torch.eye(m, dtype=torch.bool, device=toks.device)
+        causal = torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]  # a padding pair sees itself only
+        vis = torch.cat([self.kv.visible(m), causal], 2)
+        out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0),
+                     attention_mask=_additive(vis, s.head.fc.weight.dtype), cache=self.kv.cache)  # fmt: skip
+        self.kv.extend(torch.where(ok, pos, -1))
+        self.pairs = self.pairs + ok.sum(1)
+        self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
+        self.commits += 1
+        if toks.shape[0] > 1 and self.commits % 8 == 0:  # one row has no holes; the check syncs
+            self.kv.pack()
+        return out[:, -1]
+
+    def propose(self, root: Tensor, max_depth: int) -> DraftTree:
+        """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth), total_tokens nodes each
+        (fewer when there are fewer candidates)."""
+        s, K, B = self.single, self.single.top_k, root.shape[0]
+        D = min(s.depth, max_depth)
         if D <= 0:  # nothing to draft: keep the root pair for later
-            self.pending_tokens, self.pending_feats = toks, feats
-            return root_only(root)
-        # 1. commit the real pairs; the last output predicts the root's children
-        out = head(toks[None], feats[None], self.embed, cache=self.cache)[0]  # [m+1, H]
-        self.committed += toks.shape[0]
-        self.pending_tokens, self.pending_feats = toks[:0], feats[:0]
-        root_pos = self.committed - 1
-        f_root = out[-1]  # [H]
-        logp = torch.log_softmax(head.logits(f_root, self.lm_head), -1)  # [V]
-        top = logp.topk(K)
-        top_tok = self._target_ids(top.indices)
-        device, dtype = root.device, head.fc.weight.dtype
-        eye, cand_depth = self._constants(device, dtype)
-        # candidates, in creation order (a child is always created after its parent)
+            self._pend(root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None])
+            return root_only_rows(root)
+        f_root = self._commit(root)  # [B, H]
+        head, device, dtype = s.head, root.device, s.head.fc.weight.dtype
+        top = torch.log_softmax(head.logits(f_root, s.lm_head), -1).topk(K)  # [B, K]
+        top_tok = s._target_ids(top.indices)
+        eye, cand_depth = s._constants(device, dtype)
         cand_tok, cand_score = [top_tok], [top.values]
-        cand_parent = [torch.full((K,), -1, dtype=torch.long, device=device)]
+        cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=device)]
         n_cand = K
-        # frontier: the K nodes to expand next
-        f_cid = torch.arange(K, device=device)
-        f_tok, f_score = top_tok, top.values
-        f_feat = f_root.expand(K, -1)  # parent's predicted feature
-        # One additive mask for every expansion step, [K, C + (D-1)·K]: the committed prefix (always
-        # visible), then one K-column block per depth holding the frontier's tree nodes. Row j of the
-        # tree columns is frontier node j's ancestors plus itself, so the next frontier's rows are its
-        # parents' rows: one gather per depth instead of rebuilding the mask.
-        C = self.committed
-        mask = torch.full((K, C + (D - 1) * K), torch.finfo(dtype).min, dtype=dtype, device=device)
-        mask[:, :C] = 0
-        for d in range(1, D):
-            # 2. one draft forward over the depth-d frontier
+        f_cid = torch.arange(K, device=device).expand(B, K)
+        f_tok, f_score, f_feat = top_tok, top.values, f_root[:, None].expand(-1, K, -1)
+        C, root_pos = self.kv.slots, self.pairs - 1
+        mask = torch.full((B, K, C + (D - 1) * K), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[:, :, :C] = _additive(self.kv.visible(K), dtype)[:, 0]
+        for d in range(1, D):  # as `EagleProposer.propose`, with a row dimension
             hi = C + d * K
-            mask[:, hi - K : hi] = eye  # each frontier node sees itself
-            pos = torch.full((1, K), root_pos + d, dtype=torch.long, device=device)
-            f_hat = head(
-                f_tok[None],
-                f_feat[None],
-                self.embed,
-                position_ids=pos,
-                attention_mask=mask[None, None, :, :hi],
-                cache=self.cache,
-            )[0]  # [K, H]
-            logp = torch.log_softmax(head.logits(f_hat, self.lm_head), -1)  # [K, V]
-            child = logp.topk(K, dim=-1)  # [K, K]
-            scores = (f_score[:, None] + child.values).reshape(-1)  # [K*K], row j = children of frontier j
-            tokens = self._target_ids(child.indices.reshape(-1))
+            mask[:, :, hi - K : hi] = eye
+            pos = (root_pos + d)[:, None].expand(-1, K)
+            f_hat = head(f_tok, f_feat, s.embed, position_ids=pos, attention_mask=mask[:, None, :, :hi],
+                         cache=self.kv.cache)  # fmt: skip
+            child = torch.log_softmax(head.logits(f_hat, s.lm_head), -1).topk(K, dim=-1)  # [B, K, K]
+            scores = (f_score[:, :, None] + child.values).reshape(B, -1)
+            tokens = s._target_ids(child.indices.reshape(B, -1))
             cand_tok.append(tokens)
             cand_score.append(scores)
-            cand_parent.append(f_cid.repeat_interleave(K))
+            cand_parent.append(f_cid.repeat_interleave(K, dim=1))
             n_cand += K * K
-            if d == D - 1:  # the deepest children are candidates only, never expanded
+            if d == D - 1:
                 break
-            best = scores.topk(K).indices  # [K] next frontier, as indices into this step's candidates
-            pj = best // K  # their parents' frontier slots
+            best = scores.topk(K, dim=-1).indices  # [B, K]
+            pj = best // K
             f_cid = n_cand - K * K + best
-            f_tok, f_score, f_feat = tokens[best], scores[best], f_hat[pj]
-            mask[:, C:hi] = mask[pj, C:hi]  # parent's ancestors + the parent
-        self.cache.crop(-(self.cache.get_seq_length() - self.committed))  # drop the tree steps' KV
-        # 3. rerank all candidates, keep the best total_tokens - 1
-        tok, score, parent = torch.cat(cand_tok), torch.cat(cand_score), torch.cat(cand_parent)
-        depth = cand_depth[:n_cand]
-        n = min(self.total_tokens - 1, n_cand)
-        keep = torch.sort(score, descending=True, stable=True).indices[:n].sort().values  # [n]
-        slot = torch.zeros(n_cand, dtype=torch.long, device=device)
-        slot[keep] = torch.arange(1, n + 1, device=device)  # tree index of each kept candidate
-        kp = parent[keep]
-        tree_parents = torch.cat(
-            [
-                torch.full((1,), -1, dtype=torch.long, device=device),
-                torch.where(kp >= 0, slot[kp.clamp(min=0)], 0),
-            ]
-        )
-        tree_depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), depth[keep]])
-        tree_tokens = torch.cat([root.view(1), tok[keep]])
-        ancestors, retrieve, sib_before = structure_from_parents(
-            tree_parents, tree_depth, max_depth=D, leaves_only=False
-        )
-        return DraftTree(tree_tokens, tree_parents, tree_depth, ancestors, retrieve, sib_before)
+            f_tok, f_score = tokens.gather(1, best), scores.gather(1, best)
+            f_feat = f_hat.gather(1, pj[..., None].expand(-1, -1, f_hat.shape[-1]))
+            mask[:, :, C:hi] = mask[:, :, C:hi].gather(1, pj[..., None].expand(-1, -1, hi - C))
+        self.kv.crop(C)  # drop the tree steps' KV
+        return self._rerank(root, torch.cat(cand_tok, 1), torch.cat(cand_score, 1), torch.cat(cand_parent, 1),
+                            cand_depth[:n_cand], D)  # fmt: skip
+
+    def _rerank(self, root, tok, score, parent, depth, D: int) -> DraftTree:
+        """Every row's best total_tokens - 1 candidates ([B, n_cand] each) as its tree."""
+        B, n_cand, device = tok.shape[0], tok.shape[1], tok.device
+        n = min(self.single.total_tokens - 1, n_cand)
+        keep = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :n].sort(dim=1).values
+        slot = torch.zeros(B, n_cand, dtype=torch.long, device=device)
+        slot.scatter_(1, keep, torch.arange(1, n + 1, device=device).expand(B, n))
+        kp = parent.gather(1, keep)
+        minus = torch.full((B, 1), -1, dtype=torch.long, device=device)
+        parents = torch.cat([minus, torch.where(kp >= 0, slot.gather(1, kp.clamp(min=0)), 0)], 1)
+        depths = torch.cat([torch.zeros_like(minus), depth[keep]], 1)
+        tokens = torch.cat([root[:, None], tok.gather(1, keep)], 1)
+        per_row = [  # O(B) calls of a few tiny ops each
+            structure_from_parents(p, d, max_depth=D, leaves_only=False)
+            for p, d in zip(parents, depths, strict=True)
+        ]
+        ancestors, retrieve, sib_before = (torch.stack(t) for t in zip(*per_row, strict=True))
+        return DraftTree(tokens, parents, depths, ancestors, retrieve, sib_before)

@@ -1,6 +1,7 @@
 """`generate`: self-speculative decoding with tree verification through the stock target model.
 
-One step (batch size 1):
+One step (for a batch, every row does the same with its own tree, path and length; see
+`_decode_batch`):
 
     tree   = proposer.propose(root)                 # root = token the target chose last step
     logits = target(tree.tokens, 4D tree mask, position_ids = past + depth, cache)   # one forward
@@ -18,46 +19,23 @@ around each section, so it is off by default to keep the loop at one host sync p
 
 from __future__ import annotations
 
-import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from infer.draft import Proposer
-from infer.runner import TreeRunner
+from infer.draft import BatchProposer, Proposer
+from infer.options import Job, context_length, prepare
+from infer.runner import BatchRunner, TreeRunner
 from infer.settings import DEFAULTS
-from infer.verify import accept_exact, accept_greedy, accept_typical, sample_from
+from infer.support import check_target
+from infer.tree import DraftTree
+from infer.verify import Acceptance, accept_exact, accept_greedy, accept_typical, sample_from
 
-# GenerationConfig fields whose logits processors this loop does not apply. Refusing them keeps the
-# promise that output matches `target.generate` with the same settings.
-_UNSUPPORTED = {
-    "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "min_length": 0,
-    "min_new_tokens": None,
-    "bad_words_ids": None,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "forced_bos_token_id": None,
-    "forced_eos_token_id": None,
-    "typical_p": 1.0,
-    "epsilon_cutoff": 0.0,
-    "eta_cutoff": 0.0,
-    "min_p": None,
-    "num_beams": 1,
-    "num_return_sequences": 1,
-    "sequence_bias": None,
-    "guidance_scale": None,
-    "top_h": None,
-    "exponential_decay_length_penalty": None,
-    "watermarking_config": None,
-    "stop_strings": None,
-}
-
+__all__ = ["GenerateOutput", "GenerationStats", "context_length", "speculative_generate"]
 
 @dataclass
 class GenerationStats:
@@ -68,7 +46,13 @@ class GenerationStats:
     With ``generate(..., timing=True)`` (else None): ``total_time_s`` is the whole call;
     ``verify_time_s`` all target forwards with their tree masks, the prefill included;
     ``draft_time_s`` the proposer's ``start``/``propose``/``advance``; ``bookkeeping_time_s`` = total -
-    draft - verify (config, acceptance, the host sync, cache compaction, streaming)."""
+    draft - verify (config, acceptance, the host sync, cache compaction, streaming).
+
+    A batch (or a padded prompt) also fills ``rows``: one `GenerationStats` per row with its own
+    ``accepted_lengths`` (its τ), ``new_tokens`` and ``num_target_forwards`` (the batched forwards it
+    took part in). The totals then cover all rows: ``accepted_lengths`` lists every row's steps, row
+    after row (so ``mean_accepted_length`` is the total τ over row-steps), ``new_tokens`` is their
+    sum and ``num_target_forwards`` counts batched forwards."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     num_target_forwards: int = 0
@@ -78,6 +62,7 @@ class GenerationStats:
     draft_time_s: float | None = None
     verify_time_s: float | None = None
     total_time_s: float | None = None
+    rows: list[GenerationStats] = field(default_factory=list)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -101,166 +86,95 @@ class GenerationStats:
 
 @dataclass
 class GenerateOutput:
-    sequences: Tensor  # [1, T + new_tokens], prompt included, as transformers' generate returns
+    # [B, T + new_tokens], the prompt as given (padding included) then each row's new tokens, a row that
+    # stopped early (EOS) filled with the pad id, as transformers' generate returns
+    sequences: Tensor
     stats: GenerationStats
 
 
-def _resolve(target, generation_config, overrides: dict):
-    """The effective config, in transformers' order: keyword arguments > ``generation_config`` > the
-    target's ``generation_config`` > transformers' global defaults (e.g. ``top_k=50`` when sampling)."""
-    from transformers import GenerationConfig
+class _Clock:
+    """Draft / verify section timers. On CUDA with ``timing`` each boundary waits for the queued kernels
+    (so it is off by default: the loop keeps one host sync per step)."""
 
-    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-        raise ValueError(
-            f"generation_config must be a transformers GenerationConfig or None, got {type(generation_config).__name__}"
-        )
-    base = target.generation_config
-    gc = copy.deepcopy(generation_config if generation_config is not None else base or GenerationConfig())
-    if generation_config is not None and base is not None:
-        gc.update(**base.to_dict(), defaults_only=True)
-    global_defaults = getattr(gc, "_get_default_generation_params", None)
-    if global_defaults is not None:
-        gc.update(**global_defaults(), defaults_only=True)
-    for k, v in overrides.items():
-        if v is not None:
-            setattr(gc, k, v)
-    defaults = GenerationConfig()
-    for name, default in _UNSUPPORTED.items():
-        value = getattr(gc, name, default)
-        if value is not None and value != default and value != getattr(defaults, name, default):
-            raise NotImplementedError(
-                f"generation option {name}={value!r} is not supported by selfspec.generate"
-            )
-    return gc
+    def __init__(self, timing: bool, device: torch.device) -> None:
+        self.sync = torch.cuda.synchronize if timing and device.type == "cuda" else None
+        self.draft_s = self.verify_s = 0.0
+
+    def tick(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()
+
+    def draft(self, fn: Callable, *args):
+        t = self.tick()
+        result = fn(*args)
+        self.draft_s += self.tick() - t
+        return result
+
+    def verify(self, fn: Callable, *args):
+        t = self.tick()
+        result = fn(*args)
+        self.verify_s += self.tick() - t
+        return result
 
 
-def _warpers(gc):
-    """The sampling warpers transformers applies, in its order: temperature, top-k, top-p."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+@dataclass
+class _Rule:
+    """The acceptance rule of one generation (greedy when ``warp`` is None). Rules and ``sample_from``
+    are looked up in this module when called, so a test can substitute one."""
 
-    procs = LogitsProcessorList()
-    if gc.temperature is not None and gc.temperature != 1.0:
-        procs.append(TemperatureLogitsWarper(gc.temperature))
-    if gc.top_k is not None and gc.top_k != 0:
-        procs.append(TopKLogitsWarper(top_k=gc.top_k, min_tokens_to_keep=1))
-    if gc.top_p is not None and gc.top_p < 1.0:
-        procs.append(TopPLogitsWarper(top_p=gc.top_p, min_tokens_to_keep=1))
-    return procs
+    warp: object
+    acceptance: str
+    eps: float
+    delta: float
+    generator: torch.Generator | None
 
+    def probs(self, logits: Tensor) -> Tensor:
+        """[..., V] -> float32 warped probabilities (the warpers take 2-D scores)."""
+        flat = self.warp(None, logits.reshape(-1, logits.shape[-1]).float())
+        return torch.softmax(flat, dim=-1).view(logits.shape)
 
-def context_length(config) -> int | None:
-    cfg = config.get_text_config()
-    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    def first(self, last: Tensor) -> Tensor:
+        """last: [B, V] the prefill's last logits -> [B] each row's first new token."""
+        if self.warp is None:
+            return last.float().argmax(-1)
+        return sample_from(self.probs(last), self.generator)
 
-
-def _show(v, n: int = 60) -> str:
-    """``repr(v)``, cut short: a bad argument may be huge."""
-    text = repr(v)
-    return text if len(text) <= n else text[:n] + "..."
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _eos_ids(eos, vocab: int) -> set[int]:
-    """The EOS ids as a set; each must be an int token id in [0, vocab - 1] (a string such as "</s>" is
-    a token, not an id: ``tokenizer.convert_tokens_to_ids`` gives the id)."""
-    if eos is None:
-        return set()
-    if isinstance(eos, Tensor):
-        eos = eos.tolist()
-    ids = [eos] if not isinstance(eos, (list, tuple, set)) else list(eos)
-    bad = [e for e in ids if not _is_int(e) or not 0 <= e < vocab]
-    if bad:
-        raise ValueError(
-            f"eos_token_id must be a token id (or a list of them) in [0, {vocab - 1}], got {_show(bad[0])}"
-            + (
-                " (a token string: pass tokenizer.convert_tokens_to_ids(...))"
-                if isinstance(bad[0], str)
-                else ""
-            )
-        )
-    return set(ids)
+    def accept(self, logits: Tensor, tree: DraftTree) -> Acceptance:
+        """logits [N+1, V] with one tree, [B, N+1, V] with a batch of trees."""
+        if self.warp is None:
+            return accept_greedy(logits, tree)
+        if self.acceptance == "exact":
+            return accept_exact(self.probs(logits), tree, self.generator)
+        return accept_typical(self.probs(logits), tree, self.eps, self.delta, self.generator)
 
 
-def _check_prompt(input_ids, attention_mask_2d, vocab: int) -> Tensor:
-    """input_ids as [1, T] after checking type, dtype, shape and that every id is in [0, vocab - 1]."""
-    if not isinstance(input_ids, Tensor):
-        raise ValueError(
-            f"input_ids must be a torch.Tensor of token ids [1, seq_len], got {type(input_ids).__name__}"
-        )
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype}")
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"selfspec.generate supports batch size 1 only (got {input_ids.shape[0]}): per-row tree acceptance "
-            "and ragged KV compaction are not implemented; loop over prompts instead"
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("empty prompt: input_ids needs at least one token")
-    lo, hi = int(input_ids.min()), int(input_ids.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(
-            f"input_ids holds token id {lo if lo < 0 else hi}, outside the target's vocabulary [0, {vocab - 1}]"
-        )
-    if attention_mask_2d is not None:
-        if not isinstance(attention_mask_2d, Tensor) or tuple(attention_mask_2d.shape) != tuple(
-            input_ids.shape
-        ):
-            shape = tuple(getattr(attention_mask_2d, "shape", ()))
-            raise ValueError(
-                f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}"
-            )
-        if not bool(attention_mask_2d.all()):
-            raise NotImplementedError("padded prompts are not supported (batch size 1 needs no padding)")
-    return input_ids.long()
+class _Row:
+    """One row's new tokens and stats; ``emit`` appends up to the limit, stopping after the first EOS."""
 
+    def __init__(self, job: Job, streamer=None) -> None:
+        self.limit, self.eos, self.streamer = job.limit, job.eos, streamer
+        self.new: list[int] = []
+        self.stats = GenerationStats(num_target_forwards=1)
 
-def _check_options(gc, acceptance: str, typical_eps, typical_delta, generator, streamer, timing) -> None:
-    """One-line ``ValueError`` naming the argument and its allowed range, for every sampling option of the
-    resolved config ``gc`` and the loop's own arguments."""
-    import math
+    def emit(self, tokens: list[int]) -> bool:
+        """True when this row's generation is over."""
+        done = False
+        for i, tok in enumerate(tokens):
+            if tok in self.eos or len(self.new) + i + 1 >= self.limit:
+                tokens, done = tokens[: i + 1], True
+                break
+        self.new.extend(tokens)
+        if self.streamer is not None and tokens:
+            self.streamer.put(torch.tensor(tokens))
+        return done
 
-    if acceptance not in ("exact", "typical"):
-        raise ValueError(
-            f"acceptance must be 'exact' (lossless) or 'typical' (Medusa, faster, lossy), got {acceptance!r}"
-        )
-    if gc.max_new_tokens is not None and (not _is_int(gc.max_new_tokens) or gc.max_new_tokens < 0):
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {_show(gc.max_new_tokens)}")
-    if gc.max_length is not None and (not _is_int(gc.max_length) or gc.max_length < 0):
-        raise ValueError(f"max_length must be an int >= 0, got {_show(gc.max_length)}")
-    if not isinstance(gc.do_sample, bool):
-        raise ValueError(f"do_sample must be True or False, got {_show(gc.do_sample)}")
-
-    def number(name: str, v, ok, allowed: str) -> None:
-        if v is None:
-            return
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
-            raise ValueError(f"{name} must be {allowed}, got {_show(v)}")
-
-    if gc.do_sample:  # as transformers: the sampling warpers' settings only matter when sampling
-        number("temperature", gc.temperature, lambda v: v > 0, "a number > 0 when sampling")
-        number("top_p", gc.top_p, lambda v: 0 < v <= 1, "a number in (0, 1]")
-        if gc.top_k is not None and (not _is_int(gc.top_k) or gc.top_k < 0):
-            raise ValueError(f"top_k must be an int >= 0 (0: no top-k), got {_show(gc.top_k)}")
-    if acceptance == "typical":
-        number("typical_eps", typical_eps, lambda v: 0 <= v <= 1, "a number in [0, 1]")
-        number("typical_delta", typical_delta, lambda v: v >= 0, "a number >= 0")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if streamer is not None and not (
-        callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
-    ):
-        raise ValueError(
-            f"streamer must have put() and end() methods (like TextStreamer), got {type(streamer).__name__}"
-        )
-    if not isinstance(timing, bool):
-        raise ValueError(f"timing must be True or False, got {_show(timing)}")
+    def step(self, host: list[int]) -> bool:
+        """host: [n, bonus, path tokens...] of one verify step (root first) -> `emit` of its tokens."""
+        n = host[0]
+        self.stats.num_target_forwards += 1
+        self.stats.accepted_lengths.append(n)
+        return self.emit(host[3 : 2 + n] + [host[1]])
 
 
 @torch.inference_mode()
@@ -284,124 +198,117 @@ def speculative_generate(
     attention_mask_2d: Tensor | None = None,
     timing: bool = False,
 ) -> GenerateOutput:
-    """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments."""
+    """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
+    input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch."""
     t_start = time.perf_counter()
-    vocab = int(target.get_input_embeddings().weight.shape[0])
-    input_ids = _check_prompt(input_ids, attention_mask_2d, vocab)
-    gc = _resolve(
-        target,
-        generation_config,
-        {
-            "max_new_tokens": max_new_tokens,
-            "do_sample": do_sample,
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "eos_token_id": eos_token_id,
-        },
-    )
-    _check_options(gc, acceptance, typical_eps, typical_delta, generator, streamer, timing)
-    T = input_ids.shape[1]
-    limit = gc.max_new_tokens if gc.max_new_tokens is not None else max((gc.max_length or 20) - T, 0)
-    ctx = context_length(target.config)
-    if ctx is not None and T + limit > ctx:
-        raise ValueError(
-            f"prompt ({T} tokens) + max_new_tokens ({limit}) = {T + limit} exceeds the target's context length {ctx}"
-        )
-    device = next(target.parameters()).device
-    input_ids = input_ids.to(device)
-    eos = _eos_ids(gc.eos_token_id, int(target.get_output_embeddings().weight.shape[0]))
-    sampling = bool(gc.do_sample)
-    if generator is not None and sampling and generator.device.type != device.type:
-        raise ValueError(
-            f"generator is on {generator.device}, the target on {device}: create it on {device.type}"
-        )
-    warp = _warpers(gc) if sampling else None
-    runner = TreeRunner(target, proposer.aux_layers, max_len=T + limit)  # refuses what it cannot verify
-    stats = GenerationStats()
-    if timing:
-        stats.draft_time_s = stats.verify_time_s = 0.0
-    sync = torch.cuda.synchronize if timing and device.type == "cuda" else None
-    new: list[int] = []
+    overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
+                 "top_k": top_k, "top_p": top_p, "eos_token_id": eos_token_id}  # fmt: skip
+    job = prepare(target, input_ids, attention_mask_2d, generation_config, overrides, acceptance=acceptance,
+                  typical_eps=typical_eps, typical_delta=typical_delta, generator=generator,
+                  streamer=streamer, timing=timing)  # fmt: skip
+    check_target(target)  # refuses what tree verification cannot do exactly, even with nothing to generate
+    rule = _Rule(job.warp, acceptance, typical_eps, typical_delta, generator)
+    clock = _Clock(timing, job.input_ids.device)
     if streamer is not None:
-        streamer.put(input_ids.cpu())
-    if limit == 0:
-        if streamer is not None:
-            streamer.end()
-        if timing:
-            stats.total_time_s = time.perf_counter() - t_start
-        return GenerateOutput(input_ids.clone(), stats)
+        streamer.put(job.input_ids.cpu())
+    if job.limit == 0:
+        seq, stats = job.input_ids.clone(), GenerationStats()
+    elif job.batched:
+        seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer)
+    else:
+        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer)
+    if streamer is not None:
+        streamer.end()
+    if timing:
+        stats.draft_time_s, stats.verify_time_s = clock.draft_s, clock.verify_s
+        stats.total_time_s = time.perf_counter() - t_start
+    return GenerateOutput(seq, stats)
 
-    def tick() -> float:  # a section boundary; on CUDA with timing, wait for the queued kernels
-        if sync is not None:
-            sync()
-        return time.perf_counter()
 
-    def probs_of(logits: Tensor) -> Tensor:  # [n, V] float32 warped probabilities
-        return torch.softmax(warp(None, logits.float()), dim=-1)
-
-    def emit(tokens: list[int]) -> bool:
-        """Append up to the limit, stopping after the first EOS; True when generation is over."""
-        done = False
-        for i, tok in enumerate(tokens):
-            if tok in eos or len(new) + i + 1 >= limit:
-                tokens, done = tokens[: i + 1], True
-                break
-        new.extend(tokens)
-        if streamer is not None and tokens:
-            streamer.put(torch.tensor(tokens))
-        return done
-
-    # prefill
-    t0 = tick()
-    draft_s = verify_s = 0.0
-    out = runner.prefill(input_ids)
-    verify_s += tick() - t0
-    last = out.logits[0, -1:].float()
-    root = (sample_from(probs_of(last), generator) if sampling else last.argmax(-1))[0]
-    t_draft = tick()
-    proposer.start(input_ids, out)
-    draft_s += tick() - t_draft
-    stats.num_target_forwards = 1
-    done = emit([int(root)])
+def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+    """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats)."""
+    ids = job.input_ids
+    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit)
+    row = _Row(job, streamer)
+    t0 = clock.tick()
+    out = clock.verify(runner.prefill, ids)
+    root = rule.first(out.logits[:, -1])[0]
+    clock.draft(proposer.start, ids, out)
+    done = row.emit([int(root)])
     t1 = time.perf_counter()
-    stats.prefill_s = t1 - t0
-
     while not done:
-        t_draft = tick()
-        tree = proposer.propose(root, max_depth=limit - len(new) - 1)
-        draft_s += tick() - t_draft
-        t_verify = tick()
-        out = runner.verify(tree)
-        verify_s += tick() - t_verify
-        logits = out.logits[0]  # [N+1, V]
-        if not sampling:
-            acc = accept_greedy(logits, tree)
-        elif acceptance == "exact":
-            acc = accept_exact(probs_of(logits), tree, generator)
-        else:
-            acc = accept_typical(probs_of(logits), tree, typical_eps, typical_delta, generator)
+        tree = clock.draft(proposer.propose, root, job.limit - len(row.new) - 1)
+        out = clock.verify(runner.verify, tree)
+        acc = rule.accept(out.logits[0], tree)  # [N+1, V]
         # the one host sync of the step
         host = torch.cat(
             [acc.length.view(1), acc.next_token.view(1), tree.tokens[acc.path.clamp(min=0)]]
         ).tolist()
-        n, bonus, path_tokens = host[0], host[1], host[2 : 2 + host[0]]
-        keep = acc.path[:n]
+        keep = acc.path[: host[0]]
         runner.accept(keep)
-        t_draft = tick()
-        proposer.advance(tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
-        draft_s += tick() - t_draft
-        stats.num_target_forwards += 1
-        stats.accepted_lengths.append(n)
-        done = emit(path_tokens[1:] + [bonus])
+        clock.draft(proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
+        done = row.step(host)
         root = acc.next_token
+    row.stats.prefill_s, row.stats.decode_s = t1 - t0, time.perf_counter() - t1
+    row.stats.new_tokens = len(row.new)
+    return torch.cat([ids, torch.tensor([row.new], dtype=ids.dtype, device=ids.device)], 1), row.stats
 
-    stats.decode_s = time.perf_counter() - t1
-    stats.new_tokens = len(new)
-    if streamer is not None:
-        streamer.end()
-    seq = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=device)], 1)
-    if timing:
-        stats.draft_time_s, stats.verify_time_s = draft_s, verify_s
-        stats.total_time_s = time.perf_counter() - t_start
-    return GenerateOutput(seq, stats)
+
+def _left_aligned(ids: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """[B, T] left- or right-padded -> the same rows left-padded (every row's last token at T-1)."""
+    order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices  # padding first, tokens in order
+    return ids.gather(1, order), valid.gather(1, order)
+
+
+def _at(x: Tensor, idx: Tensor) -> Tensor:
+    """x [B, N+1, H], idx [B, L] -> [B, L, H]: each row's entries at its own node indices."""
+    return x.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+    """A batch of rows of different lengths on `BatchRunner` -> (sequences, stats). Each row drafts,
+    accepts and stops on its own; a finished row leaves the batch (target cache and proposer) at once."""
+    ids, valid = _left_aligned(job.input_ids, job.valid)
+    runner = BatchRunner(target, proposer.aux_layers)
+    rows = [_Row(job, streamer) for _ in range(ids.shape[0])]
+    live = list(range(len(rows)))  # the input row of each batch row
+    stats = GenerationStats(rows=[r.stats for r in rows])
+    t0 = clock.tick()
+    out = clock.verify(runner.prefill, ids, valid)
+    root = rule.first(out.logits[:, -1])  # [B]
+    clock.draft(proposer.start, ids, out, valid)
+    done = [rows[i].emit([t]) for i, t in zip(live, root.tolist(), strict=True)]
+    stats.num_target_forwards, t1 = 1, time.perf_counter()
+    while True:
+        if any(done):  # finished rows stop costing work
+            alive = [j for j, d in enumerate(done) if not d]
+            live = [live[j] for j in alive]
+            if not live:
+                break
+            runner.select(alive)
+            index = torch.tensor(alive, dtype=torch.long, device=ids.device)
+            proposer.select(index)
+            root = root.index_select(0, index)
+        tree = clock.draft(proposer.propose, root, max(job.limit - len(rows[i].new) for i in live) - 1)
+        out = clock.verify(runner.verify, tree)
+        acc = rule.accept(out.logits, tree)  # [B, N+1, V]
+        # the one host sync of the step: every row's length, bonus and path tokens
+        host = torch.cat(
+            [acc.length[:, None], acc.next_token[:, None], tree.tokens.gather(1, acc.path.clamp(min=0))], 1
+        ).tolist()
+        keep = acc.path[:, : max(h[0] for h in host)]  # [B, L]
+        runner.accept(keep, acc.length, [h[0] for h in host])
+        idx = keep.clamp(min=0)
+        clock.draft(proposer.advance, tree.tokens.gather(1, idx), _at(out.hidden, idx),
+                    tuple(_at(a, idx) for a in out.aux), acc.length)  # fmt: skip
+        stats.num_target_forwards += 1
+        done = [rows[i].step(h) for i, h in zip(live, host, strict=True)]
+        root = acc.next_token
+    stats.prefill_s, stats.decode_s = t1 - t0, time.perf_counter() - t1
+    for r in rows:
+        r.stats.new_tokens = len(r.new)
+    stats.accepted_lengths = [n for r in rows for n in r.stats.accepted_lengths]
+    stats.new_tokens = sum(r.stats.new_tokens for r in rows)
+    width = max(len(r.new) for r in rows)
+    new = torch.tensor([r.new + [job.pad_id] * (width - len(r.new)) for r in rows], dtype=ids.dtype)
+    return torch.cat([job.input_ids, new.to(ids.device)], 1), stats

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput, run_target_lean
@@ -24,7 +25,7 @@ from infer.attention import (
     register,
     wants_tree_attention,
 )
-from infer.cache import compact, ensure_capacity, new_cache, new_static_cache
+from infer.cache import RaggedKV, compact, ensure_capacity, new_cache, new_static_cache
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask, sliding_window
 
@@ -110,3 +111,112 @@ class TreeRunner:
         the rest of the tree's KV is dropped."""
         compact(self.cache, self.past, keep)
         self.past += keep.shape[0]
+
+
+class BatchRunner:
+    """`TreeRunner` for a batch of rows of different lengths (`infer.cache.RaggedKV`).
+
+    Rows share one slot axis; each row keeps its own positions (``next_pos`` [B]: the position of its
+    next token, the step's root) and sees only its own filled slots. Row b's tree nodes sit at
+    positions ``next_pos[b] + depth`` (clamped to the context, which only a node deeper than its row
+    can use ever reaches). Masks are rebuilt per step from the slot positions: boolean for
+    `infer.attention.tree_attention` on ``sdpa`` targets without sliding windows, additive float
+    otherwise (sliding windows by position, a dict for mixed full / sliding layers, as
+    `infer.tree.attention_mask`).
+    """
+
+    def __init__(self, target: nn.Module, aux_layers: Sequence[int] = ()) -> None:
+        check_target(target)
+        self.target = target
+        self.aux_layers = tuple(aux_layers)
+        cfg = target.config.get_text_config()
+        self.window = sliding_window(cfg)
+        self.mixed = {"full_attention", "sliding_attention"} <= set(getattr(cfg, "layer_types", None) or [])
+        ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        self.max_pos = ctx - 1 if ctx else None
+        self.tree_attention = self.window is None and wants_tree_attention(target)
+        if self.tree_attention:
+            register()
+        self.kv: RaggedKV | None = None
+        self.next_pos: Tensor | None = None
+        self.lengths: list[int] = []
+        self.slack = 32  # holes tolerated before the cache is packed (`RaggedKV.pack`)
+        self._start = 0  # slots before the last verified tree
+
+    def prefill(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
+        """input_ids, valid: [B, T], left-padded (every row's last token at T-1) -> logits [B, 1, V],
+        hidden and aux [B, T, H] (padding positions hold garbage no one reads)."""
+        pos = valid.long().cumsum(1) - 1
+        self.kv = RaggedKV(torch.where(valid, pos, -1))
+        self.next_pos = valid.sum(1)
+        self.lengths = self.next_pos.tolist()  # each row's tokens in the cache, on the host
+        out = run_target_lean(
+            self.target,
+            input_ids,
+            valid.long(),
+            aux_layers=self.aux_layers,
+            position_ids=pos.clamp(min=0),
+            cache=self.kv.cache,
+            use_cache=True,
+        )
+        self.kv.clear_holes()
+        return out
+
+    def _masks(self, vis: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """vis [B, Q, S] bool -> the 4D mask(s) [B, 1, Q, S] the target's forward takes."""
+        masks = {"full_attention": vis}
+        if self.window is not None:
+            far = (q_pos[:, :, None] - k_pos[:, None, :]) >= self.window
+            masks["sliding_attention"] = vis & ~far
+        if not self.tree_attention:
+            neg = torch.finfo(self.target.dtype).min
+            masks = {k: torch.zeros(v.shape, dtype=self.target.dtype, device=v.device).masked_fill_(~v, neg)
+                     for k, v in masks.items()}  # fmt: skip
+        masks = {k: v[:, None] for k, v in masks.items()}
+        if self.mixed:
+            return masks
+        return masks["sliding_attention" if self.window is not None else "full_attention"]
+
+    def verify(self, tree: DraftTree) -> TargetOutput:
+        """tree: a batch of trees (fields [B, N+1...]) -> logits [B, N+1, V], hidden and aux [B, N+1, H].
+        Node i of row b attends to row b's filled slots and its own ancestors."""
+        n = tree.tokens.shape[1]
+        q_pos = self.next_pos[:, None] + tree.depth
+        if self.max_pos is not None:
+            q_pos = q_pos.clamp(max=self.max_pos)
+        vis = torch.cat([self.kv.visible(n), tree.ancestors], 2)
+        mask = self._masks(vis, q_pos, torch.cat([self.kv.pos, q_pos], 1))
+        self._start = self.kv.slots
+        switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
+        with switch or contextlib.nullcontext():
+            out = run_target_lean(
+                self.target,
+                tree.tokens,
+                mask,
+                aux_layers=self.aux_layers,
+                logits_to_keep=0,
+                position_ids=q_pos,
+                cache=self.kv.cache,
+                use_cache=True,
+            )
+        self.kv.extend(q_pos)
+        return out
+
+    def accept(self, path: Tensor, length: Tensor, counts: list[int]) -> None:
+        """path: [B, L] accepted node indices root first (L = the longest row's count; -1 or unaccepted
+        nodes beyond a row's ``length`` [B], the same as ``counts`` on the host): row b's accepted KV
+        moves to the L slots after the prefix, the rest of its share becomes holes, and the tree's
+        other slots are dropped."""
+        j = torch.arange(path.shape[1], device=path.device)
+        pos = torch.where(j < length[:, None], self.next_pos[:, None] + j, -1)
+        self.kv.take(self._start, self._start + path.clamp(min=0), pos)
+        self.next_pos = self.next_pos + length
+        self.lengths = [a + n for a, n in zip(self.lengths, counts, strict=True)]
+        self.kv.pack(max(self.lengths), self.slack)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep batch rows ``rows`` only (the others finished)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.next_pos.device)
+        self.kv.select(index)
+        self.next_pos = self.next_pos.index_select(0, index)
+        self.lengths = [self.lengths[r] for r in rows]

@@ -26,7 +26,9 @@ from infer.tree import DraftTree
 @dataclass(frozen=True)
 class Acceptance:
     """path: [D+1] long node indices root-first, padded with -1; length: [] long number of valid
-    entries (root included, so 1 = no draft accepted); next_token: [] long, the bonus token."""
+    entries (root included, so 1 = no draft accepted); next_token: [] long, the bonus token.
+    For a batch of trees (`DraftTree` fields with a leading row dimension B) each gains that
+    dimension: path [B, D+1], length [B], next_token [B]."""
 
     path: Tensor
     length: Tensor
@@ -39,26 +41,47 @@ def longest_path(ok: Tensor, retrieve: Tensor) -> tuple[Tensor, Tensor]:
     ok: [N+1] bool, node passes its test given its parent (the root always passes).
     retrieve: [P, D+1] root-to-leaf paths padded with -1.
     Returns (path [D+1], length []). Ties go to the first path in ``retrieve``.
+    A batch of trees (ok [B, N+1], retrieve [B, P, D+1]) gives path [B, D+1], length [B]: every op
+    here works on the last dimensions, so one tree and a batch run the same code.
     """
-    ok_paths = ok[retrieve.clamp(min=0)] & (retrieve >= 0)  # [P, D+1]
-    lengths = ok_paths.long().cumprod(-1).sum(-1)  # [P]
-    best = lengths.argmax()
-    return retrieve[best], lengths[best]
+    idx = retrieve.clamp(min=0).flatten(-2)  # [..., P*(D+1)]
+    ok_paths = ok.gather(-1, idx).view(retrieve.shape) & (retrieve >= 0)  # [..., P, D+1]
+    lengths = ok_paths.long().cumprod(-1).sum(-1)  # [..., P]
+    best = lengths.argmax(-1, keepdim=True)  # [..., 1], the first maximal path
+    path = retrieve.gather(-2, best[..., None].expand(*best.shape, retrieve.shape[-1])).squeeze(-2)
+    return path, lengths.gather(-1, best).squeeze(-1)
+
+
+def _pick(x: Tensor, index: Tensor) -> Tensor:
+    """x [..., M], index [...] -> x[..., index] (one entry per tree)."""
+    return x.gather(-1, index[..., None]).squeeze(-1)
 
 
 def _last_node(path: Tensor, length: Tensor) -> Tensor:
-    return path.gather(0, (length - 1).view(1)).squeeze(0)
+    return _pick(path, length - 1)
+
+
+def _parent_prob(probs: Tensor, tree: DraftTree) -> Tensor:
+    """probs [..., N+1, V] -> [..., N+1]: p_parent(i)(x_i) of every node (the root's entry is meaningless)."""
+    V = probs.shape[-1]
+    return probs.flatten(-2).gather(-1, tree.parents.clamp(min=0) * V + tree.tokens)
+
+
+def _node_row(probs: Tensor, node: Tensor) -> Tensor:
+    """probs [..., N+1, V], node [...] -> [..., V], the row of each tree's ``node``."""
+    return probs.gather(-2, node[..., None, None].expand(*node.shape, 1, probs.shape[-1])).squeeze(-2)
 
 
 def accept_greedy(logits: Tensor, tree: DraftTree) -> Acceptance:
-    """logits: [N+1, V]. Node i is ok iff tokens[i] == argmax(logits[parent(i)])."""
+    """logits: [N+1, V] (or [B, N+1, V] with a batch of trees). Node i is ok iff
+    tokens[i] == argmax(logits[parent(i)])."""
     # max().indices is argmax (the first maximal index, as torch documents for both), but several times
     # faster than argmax on bf16 CPU logits, where argmax was the largest cost of acceptance
-    pred = logits.max(-1).indices  # [N+1]
-    ok = tree.tokens == pred[tree.parents.clamp(min=0)]
-    ok[0] = True
+    pred = logits.max(-1).indices  # [..., N+1]
+    ok = tree.tokens == pred.gather(-1, tree.parents.clamp(min=0))
+    ok[..., 0] = True
     path, length = longest_path(ok, tree.retrieve)
-    return Acceptance(path, length, pred[_last_node(path, length)])
+    return Acceptance(path, length, _pick(pred, _last_node(path, length)))
 
 
 def sample_from(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -79,7 +102,7 @@ def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | No
     """Recursive rejection sampling over a tree of deterministic drafts (q = δ(x)).
 
     probs: [N+1, V] the target's warped distribution p_v at every node (temperature, top-k, top-p
-    applied exactly as in plain sampling).
+    applied exactly as in plain sampling); [B, N+1, V] with a batch of trees (rows independent).
 
     At node v, children c_1..c_m (distinct tokens x_j, tried in index order) are tested in turn: with
     residual r_1 = p_v, accept x_j w.p. r_j(x_j); on rejection r_{j+1} = r_j with x_j zeroed,
@@ -89,25 +112,25 @@ def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | No
     every child is rejected (or v is a leaf) the bonus token is sampled from r_{m+1} = p_v with all
     children zeroed. The emitted token at every position is then distributed exactly as p_v.
     """
-    parent = tree.parents.clamp(min=0)
-    q = probs[parent, tree.tokens]  # [N+1] p_parent(x_i)
-    q[0] = 0
-    before = tree.sib_before.to(probs.dtype) @ q  # mass of earlier siblings
+    q = _parent_prob(probs, tree)  # [..., N+1] p_parent(x_i)
+    q[..., 0] = 0
+    sib = tree.sib_before.to(probs.dtype)  # [..., N+1, N+1]
+    before = (sib @ q[..., None]).squeeze(-1)  # mass of earlier siblings
     p_acc = (q / (1 - before).clamp(min=1e-30)).clamp(max=1.0)
     u = torch.rand(q.shape, device=q.device, generator=generator, dtype=probs.dtype)
     coin = u < p_acc
-    first = coin & ~((tree.sib_before.to(probs.dtype) @ coin.to(probs.dtype)) > 0)
-    first[0] = True
+    first = coin & ~((sib @ coin.to(probs.dtype)[..., None]).squeeze(-1) > 0)
+    first[..., 0] = True
     path, length = longest_path(first, tree.retrieve)
     last = _last_node(path, length)
     # residual at the last node: its children's tokens removed
-    is_child = (tree.parents == last).to(probs.dtype)
-    removed = torch.zeros(probs.shape[-1], device=probs.device, dtype=probs.dtype).index_add_(
-        0, tree.tokens, is_child
-    )
-    residual = probs[last] * (removed == 0)
+    is_child = (tree.parents == last[..., None]).to(probs.dtype)  # [..., N+1]
+    removed = torch.zeros(q.shape[:-1] + probs.shape[-1:], device=probs.device, dtype=probs.dtype)
+    removed.scatter_add_(-1, tree.tokens, is_child)
+    p_last = _node_row(probs, last)  # [..., V]
+    residual = p_last * (removed == 0)
     # if every bit of mass sat on rejected children (only possible through rounding), fall back to p_v
-    residual = torch.where(residual.sum() > 0, residual, probs[last])
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_last)
     return Acceptance(path, length, sample_from(residual, generator))
 
 
@@ -120,14 +143,14 @@ def accept_typical(
 ) -> Acceptance:
     """Medusa typical acceptance: draft x under parent v is ok iff p_v(x) > min(eps, delta·exp(-H(p_v))).
 
-    probs: [N+1, V] temperature-scaled target distribution. The longest ok path is kept and the bonus
-    token is sampled from p at its last node. Not lossless: it trades exactness for longer accepts.
-    As temperature -> 0, p_v becomes one-hot and only the argmax passes, so this reduces to greedy.
+    probs: [N+1, V] (or [B, N+1, V]) temperature-scaled target distribution. The longest ok path is
+    kept and the bonus token is sampled from p at its last node. Not lossless: it trades exactness for
+    longer accepts. As temperature -> 0, p_v becomes one-hot and only the argmax passes, so this
+    reduces to greedy.
     """
-    entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)  # [N+1]
+    entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(-1)  # [..., N+1]
     threshold = torch.minimum(torch.full_like(entropy, eps), delta * torch.exp(-entropy))
-    parent = tree.parents.clamp(min=0)
-    ok = probs[parent, tree.tokens] > threshold[parent]
-    ok[0] = True
+    ok = _parent_prob(probs, tree) > threshold.gather(-1, tree.parents.clamp(min=0))
+    ok[..., 0] = True
     path, length = longest_path(ok, tree.retrieve)
-    return Acceptance(path, length, sample_from(probs[_last_node(path, length)], generator))
+    return Acceptance(path, length, sample_from(_node_row(probs, _last_node(path, length)), generator))

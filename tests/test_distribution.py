@@ -15,6 +15,7 @@ The same statistic must reject (p < 1e-3) deliberately broken acceptance rules, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import random
 from collections import Counter
@@ -27,6 +28,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 import infer
 from heads import MedusaHeads
+from infer.draft import row_of
 from infer.generate import speculative_generate
 from infer.tree import DraftTree, chain, tree_buffers
 from infer.verify import Acceptance, accept_exact, sample_from
@@ -187,10 +189,14 @@ def as_accept_exact(**switches) -> Callable:
     rng = random.Random(1234)
 
     def accept(probs: torch.Tensor, tree: DraftTree, generator=None) -> Acceptance:
+        if probs.dim() == 3:  # a batch of trees (the batched loop): row by row
+            rows = [accept(probs[b], row_of(tree, b)) for b in range(probs.shape[0])]
+            fields = zip(*(dataclasses.astuple(r) for r in rows), strict=True)
+            return Acceptance(*(torch.stack(t) for t in fields))
         nodes, bonus = rejection_walk(
             probs.double().tolist(), tree.parents.tolist(), tree.tokens.tolist(), rng, **switches
         )
-        width = tree.retrieve.shape[1]
+        width = tree.retrieve.shape[-1]
         path = torch.tensor(nodes + [-1] * (width - len(nodes)), dtype=torch.long)
         return Acceptance(path, torch.tensor(len(nodes)), torch.tensor(bonus))
 
@@ -327,11 +333,23 @@ def target_law(target, length: int, **warp) -> dict[tuple, float]:
     return law
 
 
+def prompt_batch(batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """PROMPT ``batch`` times, as [batch, T] ids and mask: for batch > 1, rows alternately left- and
+    right-padded by one pad token (id 0), so every row of a batch is the same prompt at another layout."""
+    if batch == 1:
+        return PROMPT, None
+    rows = [[0, *PROMPT[0].tolist()] if r % 2 == 0 else [*PROMPT[0].tolist(), 0] for r in range(batch)]
+    mask = [[0] + [1] * PROMPT.shape[1] if r % 2 == 0 else [1] * PROMPT.shape[1] + [0] for r in range(batch)]
+    return torch.tensor(rows), torch.tensor(mask)
+
+
 def sample_counts(
-    target, heads, tree, length: int, samples: int, seed: int, proposer=None, **warp
+    target, heads, tree, length: int, samples: int, seed: int, proposer=None, batch: int = 1, **warp
 ) -> tuple[Counter, list[int]]:
-    """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance.
-    ``proposer`` overrides the one built from ``heads`` and ``tree``."""
+    """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance,
+    ``batch`` rows per call (`prompt_batch`; each row one sample). ``proposer`` overrides the one built
+    from ``heads`` and ``tree``."""
+    assert samples % batch == 0
     proposer = proposer or infer.SpecModel(target, heads).proposer(tree)
     g = torch.Generator().manual_seed(seed)
     kw = {
@@ -339,20 +357,23 @@ def sample_counts(
         "top_k": warp.get("top_k") or 0,
         "top_p": warp.get("top_p", 1.0),
     }
+    ids, mask = prompt_batch(batch)
     counts: Counter = Counter()
     accepted: list[int] = []
-    for _ in range(samples):
+    for _ in range(samples // batch):
         out = speculative_generate(
             target,
             proposer,
-            PROMPT,
+            ids,
             max_new_tokens=length,
             do_sample=True,
             acceptance="exact",
             generator=g,
+            attention_mask_2d=mask,
             **kw,
         )
-        counts[tuple(out.sequences[0, PROMPT.shape[1] :].tolist())] += 1
+        for row in out.sequences[:, ids.shape[1] :].tolist():
+            counts[tuple(row)] += 1
         accepted += out.stats.accepted_lengths
     return counts, accepted
 
@@ -372,10 +393,14 @@ def bad_heads(target) -> MedusaHeads:
 
 
 @pytest.mark.slow
-def test_generate_exact_branching_tree(small_target):
-    """T = 1, a branching tree (3 siblings, depth up to 2 with 3 new tokens), helpful heads, 20k samples."""
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generate_exact_branching_tree(small_target, batch):
+    """T = 1, a branching tree (3 siblings, depth up to 2 with 3 new tokens), helpful heads, 20k samples
+    (batch 4: each call samples 4 rows, padded left and right)."""
     law = target_law(small_target, 3)
-    counts, accepted = sample_counts(small_target, good_heads(small_target), PATHS, 3, E2E_SAMPLES, seed=0)
+    counts, accepted = sample_counts(
+        small_target, good_heads(small_target), PATHS, 3, E2E_SAMPLES, seed=0, batch=batch
+    )
     assert sum(counts.values()) == E2E_SAMPLES
     assert max(accepted) == 2  # with 3 new tokens a step has room for one draft + the bonus
     assert sum(a > 1 for a in accepted) > E2E_SAMPLES // 6
@@ -383,13 +408,14 @@ def test_generate_exact_branching_tree(small_target):
 
 
 @pytest.mark.slow
-def test_generate_exact_top_k_top_p(small_target):
+@pytest.mark.parametrize("batch", [1, 8])
+def test_generate_exact_top_k_top_p(small_target, batch):
     """Temperature 0.6, top-k 3 and top-p 0.9 together: a token outside the warped support at any
     position (e.g. one node left unwarped) would be an impossible outcome."""
     warp = {"temperature": 0.6, "top_k": 3, "top_p": 0.9}
     law = target_law(small_target, 3, **warp)
     counts, accepted = sample_counts(
-        small_target, good_heads(small_target), chain(2), 3, E2E_SAMPLES, seed=1, **warp
+        small_target, good_heads(small_target), chain(2), 3, E2E_SAMPLES, seed=1, batch=batch, **warp
     )
     assert sum(counts.values()) == E2E_SAMPLES
     assert max(accepted) == 2
@@ -397,38 +423,43 @@ def test_generate_exact_top_k_top_p(small_target):
 
 
 @pytest.mark.slow
-def test_generate_exact_bad_heads(small_target):
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generate_exact_bad_heads(small_target, batch):
     """Heads whose top-1 is the target's least likely token (3 siblings of them), temperature 0.6."""
     law = target_law(small_target, 3, temperature=0.6)
     counts, _ = sample_counts(
-        small_target, bad_heads(small_target), [[0], [1], [2]], 3, 600, seed=3, temperature=0.6
+        small_target, bad_heads(small_target), [[0], [1], [2]], 3, 600, seed=3, batch=batch, temperature=0.6
     )
     assert chi2_pvalue(counts, law) > ALPHA
 
 
 @pytest.mark.slow
-def test_generate_detects_broken_acceptance(small_target, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generate_detects_broken_acceptance(small_target, monkeypatch, batch):
     """Power, end to end: the bonus drawn from p instead of the residual (rejected drafts come back) is
     caught with fewer samples than the correct-rule tests use. (`test_reference_walk_is_exact` shows
-    the unbroken node-by-node rule passes.)"""
+    the unbroken node-by-node rule passes.) Batch 4: the batched loop uses the same rule."""
     law = target_law(small_target, 4)
     monkeypatch.setattr(infer_generate, "accept_exact", as_accept_exact(residual=False))
-    counts, _ = sample_counts(small_target, good_heads(small_target), PATHS, 4, 500, seed=2)
+    counts, _ = sample_counts(small_target, good_heads(small_target), PATHS, 4, 500, seed=2, batch=batch)
     assert chi2_pvalue(counts, law) < ALPHA
 
 
 # ------------------------------------------------------------------------- EAGLE proposers, end to end
 
 
-def eagle_counts(target, heads, length: int, samples: int, seed: int, **warp) -> tuple[Counter, list[int]]:
+def eagle_counts(
+    target, heads, length: int, samples: int, seed: int, batch: int = 1, **warp
+) -> tuple[Counter, list[int]]:
     """`sample_counts` for dynamic-tree (EAGLE) heads, with a small tree that fits the 6-token vocab."""
     proposer = infer.SpecModel(target, heads).proposer(depth=3, draft_top_k=3, total_tokens=8)
-    return sample_counts(target, heads, None, length, samples, seed, proposer=proposer, **warp)
+    return sample_counts(target, heads, None, length, samples, seed, proposer=proposer, batch=batch, **warp)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_generate_exact_eagle_proposers(small_target, kind):
+def test_generate_exact_eagle_proposers(small_target, kind, batch):
     """Exact rejection sampling with EAGLE-2 dynamic trees from untrained EAGLE and EAGLE-3 heads:
     T = 1 for EAGLE, T = 0.6 + top-k 3 + top-p 0.9 for EAGLE-3; 4000 samples of 3 tokens each.
 
@@ -440,15 +471,16 @@ def test_generate_exact_eagle_proposers(small_target, kind):
 
     torch.manual_seed(0)
     heads = (EagleHead if kind == "eagle" else Eagle3Head).for_target(small_target).eval()
-    check_eagle_law(small_target, heads, kind)
+    check_eagle_law(small_target, heads, kind, batch=batch)
 
 
-def check_eagle_law(target, heads, kind: str) -> None:
+def check_eagle_law(target, heads, kind: str, batch: int = 1) -> None:
     """4000 3-token samples of EAGLE-2 dynamic-tree generation follow the target's law (chi-square),
-    with drafts accepted; T = 1 for EAGLE, T = 0.6 + top-k 3 + top-p 0.9 for EAGLE-3."""
+    with drafts accepted; T = 1 for EAGLE, T = 0.6 + top-k 3 + top-p 0.9 for EAGLE-3; ``batch`` rows
+    per call."""
     warp = {} if kind == "eagle" else {"temperature": 0.6, "top_k": 3, "top_p": 0.9}
     law = target_law(target, 3, **warp)
-    counts, accepted = eagle_counts(target, heads, 3, 4000, seed=5, **warp)
+    counts, accepted = eagle_counts(target, heads, 3, 4000, seed=5, batch=batch, **warp)
     assert sum(counts.values()) == 4000
     assert max(accepted) == 2  # drafts do get accepted, so the tree walk is exercised
     assert chi2_pvalue(counts, law) > ALPHA

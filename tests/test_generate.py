@@ -487,16 +487,26 @@ def test_bad_inputs():
 
     m = spec(("llama",), "random")
     ids = prompt(0)
-    with pytest.raises(NotImplementedError, match="batch size 1"):
-        infer.generate(m, ids.repeat(2, 1), max_new_tokens=4)
     with pytest.raises(ValueError, match="empty prompt"):
         infer.generate(m, ids[:, :0], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"\[batch, seq_len\]"):
         infer.generate(m, ids[None], max_new_tokens=4)
     with pytest.raises(ValueError, match="acceptance"):
         infer.generate(m, ids, max_new_tokens=4, do_sample=True, acceptance="greedy")
-    with pytest.raises(NotImplementedError, match="padded"):
-        infer.generate(m, ids, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    # padding: left or right only, 0/1, at least one token per row (batches: tests/test_batch.py)
+    for mask, msg in (
+        ([[1, 0, 1, 1, 1]], "padding between tokens"),
+        ([[0, 0, 0, 0, 0]], "has no token"),
+        ([[2, 1, 1, 1, 1]], r"0 \(padding\) and 1 \(token\) only"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            infer.generate(m, ids, max_new_tokens=4, attention_mask=torch.tensor(mask))
+    padded = infer.generate(m, ids, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    alone = infer.generate(m, ids[:, 1:], max_new_tokens=4)
+    assert padded.sequences[0, 5:].tolist() == alone.sequences[0, 4:].tolist()
+    assert padded.sequences[0, :5].tolist() == ids[0].tolist()  # the prompt comes back as given
+    with pytest.raises(ValueError, match="streamer takes one row"):
+        infer.generate(m, ids.repeat(2, 1), max_new_tokens=4, streamer=_Recorder())
     out = infer.generate(m, ids, max_new_tokens=4, attention_mask=torch.ones_like(ids))
     assert out.sequences.shape == (1, ids.shape[1] + 4)
     with pytest.raises(ValueError, match="tree depth 5 needs 5 Medusa heads"):
