@@ -1,0 +1,158 @@
+"""Training-time drafting equals inference-time drafting, token by token (issue 16 item 1), for EAGLE-1,
+EAGLE-3 and EAGLE-3.1; and EAGLE-3.1 (``fc_norm`` + ``norm_output``): its definition, training,
+greedy identity and exact sampling. Tiny random targets (conftest), seeded, fp32.
+
+The agreement check drives `infer.eagle_draft.EagleProposer` itself on a prefix (a chain: draft_top_k 1,
+total_tokens K+1) and records every ``head.logits`` call it makes; the chain's tokens are then the data's
+next tokens of a training sequence, so the training loss's draft logits of TTT step j at that pair (read
+where the loss reads them) must equal the proposer's logits at depth j+1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import tiny_model
+
+import heads.eagle.loss as eagle_loss_mod
+import heads.eagle3.loss as eagle3_loss_mod
+from heads import Eagle3Head, EagleHead, TargetOutput, eagle3_train_forward, run_target
+from heads.eagle import eagle_train_forward
+from infer.eagle_draft import EagleProposer
+
+V, H, VD = 96, 32, 64
+K = 4  # TTT steps / chain depth
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:aux_layer_ids .* not strictly increasing:UserWarning"),
+]
+
+EAGLE31 = {"fc_norm": True, "norm_output": True}
+
+
+@functools.cache
+def target(arch: str, num_layers: int = 2):
+    return tiny_model(arch, num_layers=num_layers)
+
+
+def nontrivial(head: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random weights everywhere, norms included (not their all-ones init), so no part is the identity."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name or "norm." in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 / max(p.shape[-1], 1) ** 0.5 * 2)
+    return head.eval()
+
+
+def make_head(kind: str, arch: str, seed: int = 1) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    m = target(arch)
+    if kind == "eagle":
+        return nontrivial(EagleHead.for_target(m, draft_layer="target"), seed)
+    extra = EAGLE31 if kind == "eagle3.1" else {}
+    head = Eagle3Head.for_target(m, draft_layer="target", draft_vocab_size=VD, ttt_steps=K, **extra)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:VD]] = True
+    ids = t2d.nonzero().view(-1)
+    head.set_vocab_map(ids - torch.arange(VD), t2d)
+    return nontrivial(head, seed)
+
+
+def proposer_chain(head, m, prefix: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Run the proposer on ``prefix`` [k+2] (prompt x_0..x_k, root x_{k+1}) as a chain of depth K; returns
+    the K logits [Vd] it computed (depth 1..K) and the K chain tokens (target ids)."""
+    aux_layers = tuple(getattr(head.config, "aux_layer_ids", None) or ())
+    with torch.no_grad():
+        out = run_target(m, prefix[None, :-1], aux_layers=aux_layers)
+    seen: list[torch.Tensor] = []
+    real = head.logits
+
+    def spy(feats, lm_head=None):
+        z = real(feats, lm_head)
+        seen.append(z.detach().reshape(-1, z.shape[-1])[0].clone())
+        return z
+
+    head.logits = spy  # the proposer calls head.logits; an instance attribute shadows the method
+    try:
+        prop = EagleProposer(head, m.get_input_embeddings(), m.get_output_embeddings(), K, 1, K + 1)
+        with torch.no_grad():
+            prop.start(prefix[None, :-1], TargetOutput(out.logits, out.hidden, out.aux))
+            tree = prop.propose(prefix[-1], max_depth=100)
+    finally:
+        del head.logits
+    assert tree.num_nodes == K + 1 and len(seen) == K
+    return seen, tree.tokens[1:]
+
+
+def training_logits(kind: str, head, m, seq: torch.Tensor, k: int, monkeypatch) -> list[torch.Tensor]:
+    """The draft logits the training loss reads for pair k at steps 0..K-1 (EAGLE-3: the packed rows
+    handed to the loss; EAGLE-1/2: the draft features handed to `eagle_loss`, through ``head.logits``,
+    then ``ttt_unroll`` for the deeper steps, as `infer.evaluate` scores them)."""
+    T = seq.shape[0]
+    ids = seq[None]
+    loss_mask = torch.zeros(1, T, dtype=torch.long)
+    # step j at pair k scores token k+2+j (EAGLE-1/2 trains step 0 only: then pair k's is the one row)
+    loss_mask[0, k + 2 : k + 2 + (1 if kind == "eagle" else K)] = 1
+    ones = torch.ones_like(loss_mask)
+    emb = m.get_input_embeddings()
+    got: dict = {}
+    if kind == "eagle":
+        real = eagle_loss_mod.eagle_loss
+
+        def spy(pred, *a, **kw):
+            got["pred"], got["mask"] = pred.detach(), a[2].detach()
+            return real(pred, *a, **kw)
+
+        monkeypatch.setattr(eagle_loss_mod, "eagle_loss", spy)
+        with torch.no_grad():
+            out = run_target(m, ids)
+            eagle_train_forward(head, out, ids, ones, loss_mask, m.get_output_embeddings(), emb)
+            assert got["mask"][0].nonzero().view(-1).tolist() == [k]
+            step0 = head.logits(got["pred"][0, k], m.get_output_embeddings())
+            toks = torch.cat([ids[:, 1:], ids[:, -1:].expand(1, K - 1)], 1)  # [1, N + K - 1], N = T - 1
+            unroll = head.ttt_unroll(toks, out.hidden[:, :-1], emb, None, K)  # [K, 1, N, H]
+            assert torch.allclose(unroll[0, 0, k], got["pred"][0, k], atol=1e-6)
+            return [step0] + [head.logits(unroll[j, 0, k], m.get_output_embeddings()) for j in range(1, K)]
+    real3 = eagle3_loss_mod._packed_loss
+
+    def spy3(z, scored, *a, **kw):
+        got["z"], got["scored"] = z.detach(), [s.clone() for s in scored]
+        return real3(z, scored, *a, **kw)
+
+    monkeypatch.setattr(eagle3_loss_mod, "_packed_loss", spy3)
+    with torch.no_grad():
+        out = run_target(m, ids, aux_layers=head.aux_layer_ids)
+        eagle3_train_forward(head, out, ids, ones, loss_mask, out.logits, emb)
+    rows, start = [], 0
+    for s in got["scored"]:  # packed: step 0's rows first, each step's in pair order
+        pairs = s[0].nonzero().view(-1).tolist()
+        assert k in pairs
+        rows.append(got["z"][start + pairs.index(k)].float())
+        start += len(pairs)
+    assert start == got["z"].shape[0]
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3.1"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_training_drafts_equal_inference_drafts(kind, arch, monkeypatch):
+    """For prefixes ending at pairs k = 0, 3, 6: training's draft logits of TTT step j at pair k equal the
+    proposer's draft logits at depth j+1 (fp32, max |diff| <= 1e-5), for every j < K."""
+    m = target(arch)
+    head = make_head(kind, arch)
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(3, V, (8,), generator=g)
+    for k in (0, 3, 6):
+        prefix = prompt[: k + 2]
+        inf_logits, chain = proposer_chain(head, m, prefix)
+        seq = torch.cat([prefix, chain])  # the chain's tokens are the data's next tokens
+        tr_logits = training_logits(kind, head, m, seq, k, monkeypatch)
+        for j in range(K):
+            diff = float((tr_logits[j] - inf_logits[j]).abs().max())
+            assert diff <= 1e-5, f"{kind}/{arch}: pair {k}, TTT step {j} vs depth {j + 1}: max |diff| {diff:.3g}"
