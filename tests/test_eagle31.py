@@ -265,3 +265,36 @@ def test_eagle31_exact_sampling_law(small_target):  # noqa: F811
     torch.manual_seed(0)
     heads = Eagle3Head.for_target(small_target, **EAGLE31).eval()
     check_eagle_law(small_target, heads, "eagle3")
+
+
+@pytest.mark.parametrize("to", ["speculators", "sglang"])
+def test_eagle31_export_and_import_round_trip(to, tmp_path):
+    """Both engines' layouts carry ``fc_norm: true`` and ``norm_output: true`` at the top level of config.json
+    (where vLLM 0.32/0.33 and SGLang 0.5.23 read them) and the weights ``fc_norm.{0,1,2}.weight``; importing
+    the export gives the same head. EAGLE-3 exports write neither key (both engines default them to off)."""
+    from safetensors.torch import load_file
+
+    from heads.convert import export_heads
+
+    m = target("llama", 4)
+    torch.manual_seed(2)
+    head = nontrivial(Eagle3Head.for_target(m, aux_layer_ids=[0, 2, 3], **EAGLE31), 2)
+    export_heads(head, str(tmp_path / "31"), to)
+    cfg = json.load(open(tmp_path / "31" / "config.json"))
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True
+    w = load_file(str(tmp_path / "31" / "model.safetensors"))
+    for i in range(3):
+        assert torch.equal(w[f"fc_norm.{i}.weight"], head.fc_norm[i].weight)
+    back = load_heads(str(tmp_path / "31"), m)
+    assert back.config.variant == "eagle3.1"
+    ids, f = torch.randint(3, V, (1, 7)), torch.randn(1, 7, 3 * H)
+    with torch.no_grad():
+        emb = m.get_input_embeddings()
+        assert torch.allclose(back.logits(back(ids, f, emb)), head.logits(head(ids, f, emb)), atol=1e-6)
+    export_heads(Eagle3Head.for_target(m, aux_layer_ids=[0, 2, 3]), str(tmp_path / "3"), to)
+    cfg3 = json.load(open(tmp_path / "3" / "config.json"))
+    assert "fc_norm" not in cfg3 and "norm_output" not in cfg3
+    cfg["norm_before_fc"], cfg["fc_norm"] = True, False  # gpt-oss style single norm: no selfspec equivalent
+    json.dump(cfg, open(tmp_path / "31" / "config.json", "w"))
+    with pytest.raises(ValueError, match="norm_before_fc"):
+        load_heads(str(tmp_path / "31"), m)

@@ -9,6 +9,10 @@ eagle3      ``speculators``  vLLM speculators ``Eagle3Speculator`` (``vllm`` is 
                              ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``; vLLM's convention
 =========== ================ =====================================================================
 
+EAGLE-3.1 heads (``fc_norm``, ``norm_output``) add both keys, true, at the top level of either config and
+the weights ``fc_norm.{0,1,2}.weight``: vLLM 0.32/0.33 (Llama and Qwen3 EAGLE-3 drafts) and SGLang 0.5.23
+(``LlamaForCausalLMEagle3``) read them there (`eagle31_flags`). SafeAILab's ``EaModel`` knows neither.
+
 With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``. The embedding is not
 rescaled for Gemma: it enters only through the RMSNorm ``input_norm`` (see `heads.eagle.formats`).
 
@@ -122,8 +126,8 @@ def eagle31_flags(cfg: dict[str, Any]) -> dict[str, bool]:
     ``models/llama_eagle3.py`` and ``qwen3_eagle3.py``) and SGLang 0.5.23 (``models/llama_eagle3.py``):
     ``fc_norm`` builds the per-layer RMSNorms ``fc_norm.{i}`` applied to the aux chunks before ``fc``,
     ``norm_output`` makes the draft hand its post-norm state (the one its logits read) to the next step.
-    Written explicitly, False for EAGLE-3 heads (both engines read a missing key as False)."""
-    return {"fc_norm": bool(cfg.get("fc_norm", False)), "norm_output": bool(cfg.get("norm_output", False))}
+    Written only when on: both engines read a missing key as False, so EAGLE-3 exports stay as they were."""
+    return {k: True for k in ("fc_norm", "norm_output") if cfg.get(k)}
 
 
 def eagle3_to_sglang(
