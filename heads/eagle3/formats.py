@@ -11,7 +11,7 @@ eagle3      ``speculators``  vLLM speculators ``Eagle3Speculator`` (``vllm`` is 
 
 EAGLE-3.1 heads (``fc_norm``, ``norm_output``) add both keys, true, at the top level of either config and
 the weights ``fc_norm.{0,1,2}.weight``: vLLM 0.32/0.33 (Llama and Qwen3 EAGLE-3 drafts) and SGLang 0.5.23
-(``LlamaForCausalLMEagle3``) read them there (`eagle31_flags`). SafeAILab's ``EaModel`` knows neither.
+(``LlamaForCausalLMEagle3``) read them there (`eagle31_flags`).
 
 With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``. The embedding is not
 rescaled for Gemma: it enters only through the RMSNorm ``input_norm`` (see `heads.eagle.formats`).
