@@ -64,8 +64,9 @@ def _heads(head: str, layer: str, target):
     if head.startswith("eagle") and not head.startswith("eagle3"):
         return _randomise(EagleHead.for_target(target, bias=head == "eaglebias", draft_layer=layer), 2)
     full = head == "eagle3full"
+    v31 = {"fc_norm": True, "norm_output": True} if head == "eagle31" else {}  # EAGLE-3.1
     h = Eagle3Head.for_target(target, draft_vocab_size=None if full else VD, aux_layer_ids=[0, 2, 3],
-                              draft_layer=layer)
+                              draft_layer=layer, **v31)
     _randomise(h, 3)
     if not full:
         counts = torch.randint(0, 50, (target.config.vocab_size,), generator=torch.Generator().manual_seed(4))
@@ -82,6 +83,17 @@ def _fc_check(head, target) -> dict:
     with torch.no_grad():
         want = head.fc(torch.cat([target.get_input_embeddings()(ids), f], dim=-1))
     return {"ids": ids.tolist(), "features": f.tolist(), "expected": want.tolist()}
+
+
+def _fuse_check(head) -> dict:
+    """A few [3H] aux features with selfspec's fused g = ``head.fuse`` on them (EAGLE-3.1: its per-layer
+    norms, so the three chunks get different scales), for the vLLM driver's ``combine_hidden_states``."""
+    g = torch.Generator().manual_seed(9)
+    H = head.config.hidden_size
+    aux = torch.randn(5, 3 * H, generator=g) * torch.tensor([1.0, 4.0, 16.0]).repeat_interleave(H)
+    with torch.no_grad():
+        want = head.fuse(aux)
+    return {"aux": aux.tolist(), "expected": want.tolist()}
 
 
 def serve_args(engine: str, method: str, target: str, draft: str) -> str:
@@ -107,11 +119,23 @@ def _run_engine(engine: str, cases: list[dict], tmp: str, port: int) -> dict[str
         return {r["id"]: r for r in json.load(f)}
 
 
+def _selected() -> list[tuple]:
+    """The cases to run: all, or (``SELFSPEC_ENGINE_CASES``: comma-separated substrings of case ids, e.g.
+    ``eagle31``) those matching; the other rows of the table are then read back from the committed
+    results file, so the table and results stay whole."""
+    only = [w for w in os.environ.get("SELFSPEC_ENGINE_CASES", "").split(",") if w]
+    return [c for c in CASES if not only or any(w in c[0] for w in only)]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("engines"))
     targets, heads, by_engine, rows = {}, {}, {}, {}
-    for cid, head, layer, arch, to, engine, method in CASES:
+    selected = _selected()
+    if len(selected) < len(CASES):
+        with open(os.path.join(ROOT, RESULTS)) as f:
+            rows = {cid: r for cid, r in json.load(f)["results"].items() if cid in {c[0] for c in CASES}}
+    for cid, head, layer, arch, to, engine, method in selected:
         if arch not in targets:
             m = tiny_model(arch, num_layers=L)
             m.config.architectures = [type(m).__name__]
@@ -133,13 +157,15 @@ def results(tmp_path_factory):
         case = {"id": cid, "method": method, "serve_args": rows[cid]["serve_args"]}
         if method == "eagle":
             case["fc_check"] = _fc_check(heads[key], targets[arch])
+        if method == "eagle3":
+            case["fuse_check"] = _fuse_check(heads[key])
         by_engine.setdefault(engine, []).append(case)
     with ThreadPoolExecutor(len(by_engine)) as pool:  # cold installs are mostly download and unzip: overlap them
         list(pool.map(engine_python, sorted(by_engine)))
     for i, (engine, cases) in enumerate(sorted(by_engine.items())):
         for cid, r in _run_engine(engine, cases, tmp, 29600 + i).items():
             rows[cid].update(r)
-    expected = {cid: list(heads[(h, ly, a)].aux_layer_ids) for cid, h, ly, a, *_ in CASES if h.startswith("eagle3")}
+    expected = {cid: list(heads[(h, ly, a)].aux_layer_ids) for cid, h, ly, a, *_ in selected if h.startswith("eagle3")}
     _write(rows, expected, tmp)
     return rows, expected
 
@@ -160,6 +186,12 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     lo_hi = r.get("mapped_target_ids")
     if lo_hi and not (0 <= lo_hi[0] and lo_hi[1] < r["target_vocab"]):
         problems.append(f"vocab map {lo_hi} outside the target vocab {r['target_vocab']}")
+    want31 = {"fc_norm": head == "eagle31", "norm_output": head == "eagle31"}
+    # rows merged from an older results file (`_selected`) predate the check: only eagle31's must have it
+    if head.startswith("eagle3") and (head == "eagle31" or "eagle31" in r) and r.get("eagle31") != want31:
+        problems.append(f"the engine's draft built {r.get('eagle31')}, the heads are {want31}")
+    if r.get("fuse_rel_error") is not None and r["fuse_rel_error"] > 1e-5:
+        problems.append(f"the draft's fused aux differs from selfspec's by {r['fuse_rel_error']:.2e} (relative)")
     if r.get("fc_rel_error") is not None and r["fc_rel_error"] > 1e-5:
         problems.append(f"the draft's fc output differs from selfspec's by {r['fc_rel_error']:.2e} (relative)")
     if r.get("hot_token_id_is_arange_plus_d2t") is False:
@@ -169,6 +201,8 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     if problems:
         return False, "loads with problems: " + "; ".join(problems)
     fc = "" if r.get("fc_rel_error") is None else "; its fc on the engine's embedding lookup = selfspec's"
+    if head == "eagle31":
+        fc += "; fc_norm and norm_output on" + ("" if r.get("fuse_rel_error") is None else ", its fused aux = selfspec's")
     return True, f"loads (`{r['draft_class']}`): every parameter loaded, nothing dropped{fc}"
 
 
@@ -176,7 +210,8 @@ def _write(rows: dict, expected: dict, tmp: str) -> None:
     from install import ENGINES
 
     head_names = {"medusa": "Medusa", "medusaown": "Medusa (own lm_heads)", "eagle": "EAGLE-1",
-                  "eaglebias": "EAGLE-1 (fc bias)", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)"}
+                  "eaglebias": "EAGLE-1 (fc bias)", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)",
+                  "eagle31": "EAGLE-3.1"}
     lines = ["| heads | draft layer | target | `--to` | engine | result |", "|---|---|---|---|---|---|"]
     for case in CASES:
         cid, head, layer, arch, to, engine, _ = case

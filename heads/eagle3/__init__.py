@@ -10,6 +10,13 @@ test", TTT) so that it sees at training time the inputs it gets at inference.
     o_k = layer(x = g_k, attn input = cat(input_norm(embed(x_{k+1})), hidden_norm(g_k)) | pairs <= k)
     draft logits for x_{k+2} = lm_head(norm(o_k))       own norm and lm_head: [H -> draft_vocab]
 
+**EAGLE-3.1** (``fc_norm`` and ``norm_output``, both off by default; the names and meaning of vLLM
+speculators' ``Eagle3SpeculatorConfig``, which SpecForge's ``LlamaForCausalLMEagle3`` shares): each aux
+feature gets its own RMSNorm before ``fc``, g_k = fc(cat(n_0(a_low_k), n_1(a_mid_k), n_2(a_high_k))), and
+the draft's output is its post-norm state h_k = norm(o_k): the logits are lm_head(h_k) and h_k, not o_k, is
+what the next step (TTT step or tree depth) is fed. The head's ``forward`` returns h under
+``norm_output`` and ``logits`` skips the norm, so the proposer's calls stay the same.
+
 **Aux layer ids** index the HF ``hidden_states`` tuple: id ``i`` is the *input* of decoder layer ``i``
 (0 = the embedding output; ``L`` would be the final-normed output, which neither engine captures, and is
 not allowed). vLLM's ``eagle_aux_hidden_state_layer_ids`` uses these numbers as-is (id k =

@@ -90,6 +90,14 @@ class Eagle3Config(HeadConfig):
     ttt_steps: training-time-test unroll length K; step_weight: step j's loss weight is step_weight**j.
     noise: training-time augmentation of the target features, a + U(-noise, noise); 0 (default) disables
         it. EAGLE-3 relies on TTT instead, and its aux features are un-normed, of layer-dependent scale.
+    fc_norm: EAGLE-3.1's per-layer input norm: g = fc(cat(n_0(low), n_1(mid), n_2(high))) with three
+        RMSNorms of the layer's norm class (weights ``fc_norm.{0,1,2}``), so the three target layers enter
+        ``fc`` at one scale. False (default): EAGLE-3's fc(cat(low, mid, high)).
+    norm_output: EAGLE-3.1's post-norm feedback: the draft's output is h = norm(o) (its final norm applied
+        once), the logits are lm_head(h), and the next draft step (TTT step or tree depth) is fed h instead
+        of the pre-norm o, so the fed-back feature keeps one scale across depths. False (default): EAGLE-3
+        (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`); the names are vLLM
+        speculators' ``Eagle3SpeculatorConfig`` fields, which SGLang/SpecForge share.
     """
 
     head_type: ClassVar[str] = "eagle3"
@@ -102,6 +110,8 @@ class Eagle3Config(HeadConfig):
     ttt_steps: int = 7
     step_weight: float = 0.8
     noise: float = 0.0
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -114,6 +124,9 @@ class Eagle3Config(HeadConfig):
             raise ValueError(f"step_weight must be > 0, got {self.step_weight}")
         if self.noise < 0:
             raise ValueError(f"noise must be >= 0 (0 disables it), got {self.noise}")
+        for name in ("fc_norm", "norm_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.draft_vocab_size is not None:
             if self.draft_vocab_size < 1:
                 raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
@@ -149,6 +162,15 @@ class Eagle3Config(HeadConfig):
             if n is not None:
                 return int(n)
         return None
+
+    @property
+    def variant(self) -> str:
+        """``"eagle3.1"`` when both EAGLE-3.1 options are on, ``"eagle3"`` when neither, else which one is."""
+        if self.fc_norm and self.norm_output:
+            return "eagle3.1"
+        if self.fc_norm or self.norm_output:
+            return "eagle3+" + ("fc_norm" if self.fc_norm else "norm_output")
+        return "eagle3"
 
     @property
     def draft_vocab(self) -> int:

@@ -9,6 +9,10 @@ eagle3      ``speculators``  vLLM speculators ``Eagle3Speculator`` (``vllm`` is 
                              ``layers.0.*``, ``norm``, ``lm_head``, ``d2t``, ``t2d``; vLLM's convention
 =========== ================ =====================================================================
 
+EAGLE-3.1 heads (``fc_norm``, ``norm_output``) add both keys, true, at the top level of either config and
+the weights ``fc_norm.{0,1,2}.weight``: vLLM 0.32/0.33 (Llama and Qwen3 EAGLE-3 drafts) and SGLang 0.5.23
+(``LlamaForCausalLMEagle3``) read them there (`eagle31_flags`).
+
 With the full target vocabulary EAGLE-3 exports write no ``d2t``/``t2d``. The embedding is not
 rescaled for Gemma: it enters only through the RMSNorm ``input_norm`` (see `heads.eagle.formats`).
 
@@ -116,6 +120,16 @@ def eagle3_common(state: dict[str, Tensor], cfg: dict[str, Any], engine: str):
     return ids, family, layer, Vd, Vd == cfg["vocab_size"]
 
 
+def eagle31_flags(cfg: dict[str, Any]) -> dict[str, bool]:
+    """EAGLE-3.1's two top-level config keys, read the same way by vLLM 0.32/0.33 (``update_eagle3`` in
+    ``transformers_utils/configs/speculators/algos.py``, then ``getattr(config, ...)`` in
+    ``models/llama_eagle3.py`` and ``qwen3_eagle3.py``) and SGLang 0.5.23 (``models/llama_eagle3.py``):
+    ``fc_norm`` builds the per-layer RMSNorms ``fc_norm.{i}`` applied to the aux chunks before ``fc``,
+    ``norm_output`` makes the draft hand its post-norm state (the one its logits read) to the next step.
+    Written only when on: both engines read a missing key as False, so EAGLE-3 exports stay as they were."""
+    return {k: True for k in ("fc_norm", "norm_output") if cfg.get(k)}
+
+
 def eagle3_to_sglang(
     state: dict[str, Tensor], cfg: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -135,6 +149,7 @@ def eagle3_to_sglang(
         "architectures": ["LlamaForCausalLMEagle3"],
         **layer,
         "draft_vocab_size": Vd,
+        **eagle31_flags(cfg),
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],  # id 0 -> -1: the input of layer 0
             "use_aux_hidden_state": True,
@@ -159,6 +174,7 @@ def eagle3_to_speculators(
         "norm_before_residual": False,
         "target_hidden_size": H,
         "eagle_aux_hidden_state_layer_ids": ids,
+        **eagle31_flags(cfg),
     }
     if family == "qwen3":  # vLLM renames Qwen3ForCausalLM to Eagle3Qwen3ForCausalLM for method eagle3
         config = {"architectures": ["Qwen3ForCausalLM"], **layer, **eagle3, "num_aux_layers": len(ids),
@@ -274,6 +290,7 @@ def import_eagle3(
             embed_scale=target_embed_scale(target),
             aux_layer_ids=[int(i) for i in ids],
             draft_vocab_size=None if Vd == vocab else Vd,
+            **_import_flags(raw, what),
         )
     except ValueError as e:
         raise ValueError(f"{what} ({convention} aux-id convention): {e}") from e
@@ -301,6 +318,18 @@ def _aux_ids(raw: dict[str, Any], target: nn.Module, what: str, convention: str)
         # explicit SGLang ids are captured at layer id+1; SGLang's own default (2, L//2, L-3) is not shifted
         ids = [int(i) + 1 for i in ids] if ids else default_aux_layer_ids(num_layers(target))
     return ids
+
+
+def _import_flags(raw: dict[str, Any], what: str) -> dict[str, bool]:
+    """EAGLE-3.1's ``fc_norm`` / ``norm_output`` of an imported draft (see `eagle31_flags`); gpt-oss style
+    ``norm_before_fc`` (one norm over the whole [3H] input) has no selfspec equivalent and is refused."""
+    ec = raw.get("eagle_config") or {}
+    if raw.get("norm_before_fc") or ec.get("norm_before_fc"):
+        raise ValueError(
+            f"{what}: norm_before_fc=true (one RMSNorm over the concatenated [3H] input) has no selfspec "
+            "equivalent; selfspec's EAGLE-3.1 option is fc_norm (one RMSNorm per aux layer)"
+        )
+    return {k: bool(raw.get(k, False)) for k in ("fc_norm", "norm_output")}
 
 
 def _engine_to_selfspec_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -68,6 +68,8 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
                 f"EAGLE-3: {type(attn).__name__} has none of {_QKV_NAMES} to widen to 2H inputs"
             )
         self.fc = nn.Linear(3 * H, H, bias=False)
+        # EAGLE-3.1: one norm per target layer before fc (keys fc_norm.{0,1,2}, as speculators/SpecForge)
+        self.fc_norm = nn.ModuleList([copy.deepcopy(norm) for _ in range(3)]) if config.fc_norm else None
         self.input_norm = copy.deepcopy(norm)
         self.hidden_norm = copy.deepcopy(norm)
         layer.input_layernorm = _FusedInput(self)
@@ -107,10 +109,23 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     def fuse(self, aux: Tensor | tuple[Tensor, ...]) -> Tensor:
-        """Target features -> g: ``fc(cat(low, mid, high))``; aux is the 3 [.., H] tensors or one [.., 3H]."""
+        """Target features -> g: ``fc(cat(low, mid, high))``, EAGLE-3.1 (``fc_norm``):
+        ``fc(cat(n_0(low), n_1(mid), n_2(high)))``; aux is the 3 [.., H] tensors or one [.., 3H]."""
         if isinstance(aux, (tuple, list)):
             aux = torch.cat(list(aux), dim=-1)
-        return self.fc(aux.to(self.fc.weight.dtype))
+        aux = aux.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            aux = torch.cat([n(a) for n, a in zip(self.fc_norm, aux.chunk(3, dim=-1), strict=True)], dim=-1)
+        return self.fc(aux)
+
+    def _output(self, o: Tensor) -> Tensor:
+        """The layer's output o -> the head's output, the feature fed to the next draft step: o itself
+        (EAGLE-3), or h = norm(o) (EAGLE-3.1, ``norm_output``)."""
+        return self.norm(o) if self.config.norm_output else o
+
+    def _head_in(self, out: Tensor) -> Tensor:
+        """The head's output -> the lm_head's input: norm(o) either way (EAGLE-3.1's output is normed once)."""
+        return out if self.config.norm_output else self.norm(out)
 
     def forward(
         self,
@@ -130,7 +145,8 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
             [B, T, H] the draft's own outputs (used as the fused g as is), told apart by width.
         input_ids: [B, T] tokens x_{k+1} of the pairs; embed: the target's input embedding module.
         position_ids, attention_mask, cache: as `heads.eagle.EagleHead.forward`.
-        Returns o: [B, T, H], pre-norm draft outputs (``logits(o)`` scores x_{k+2}).
+        Returns o: [B, T, H], the pre-norm draft outputs (EAGLE-3.1, ``norm_output``: h = norm(o)), the
+        feature the next draft step is fed; ``logits(o)`` scores x_{k+2}.
 
         TTT (training): input_ids [B, N + K - 1] with input_ids[:, k] = x_{k+1} (step j reads
         input_ids[:, j : j + N]), features [B, N, 3H], attention_mask None or the [B, N] pair mask,
@@ -145,18 +161,18 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         if ttt_steps is not None:
             outs = self._ttt_outputs(input_ids, features, embed, attention_mask, ttt_steps)
             if rows is None:
-                return self.lm_head(self.norm(torch.stack(outs)))
+                return self.lm_head(self._head_in(torch.stack(outs)))
             if len(rows) != ttt_steps:
                 raise ValueError(f"rows needs one mask per TTT step ({ttt_steps}), got {len(rows)}")
             picked = torch.cat([o[:, : r.shape[1]][r] for o, r in zip(outs, rows, strict=True)])
-            return self.lm_head(self.norm(picked))
+            return self.lm_head(self._head_in(picked))
         B, T = input_ids.shape
         assert features.shape[:2] == (B, T), (input_ids.shape, features.shape)
         g = self._features(features)
         position_ids, attention_mask = self._step_inputs(
             T, cache, position_ids, attention_mask, self.fc.weight.dtype, g.device
         )
-        return self._layer(input_ids, g, embed, position_ids, attention_mask, cache=cache)
+        return self._output(self._layer(input_ids, g, embed, position_ids, attention_mask, cache=cache))
 
     def ttt_unroll(
         self,
@@ -166,11 +182,12 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         pair_mask: Tensor | None,
         steps: int,
     ) -> Tensor:
-        """The TTT rollout (see `forward`): [K, B, N, H] pre-norm outputs o^j_k.
+        """The TTT rollout (see `forward`): [K, B, N, H] outputs o^j_k (EAGLE-3.1: h^j_k = norm(o^j_k)).
 
         Step 0 is the ordinary causal forward over the N pairs (token x_{k+1}, g_k) at positions k. Step
-        j >= 1 runs the pairs (x_{k+1+j}, o^{j-1}_k) at positions k + j; `eagle3_attention` lets each
-        attend to the step-0 keys of pairs <= k and to its own keys at steps 1..j. Memory O(K·N²).
+        j >= 1 runs the pairs (x_{k+1+j}, o^{j-1}_k) (EAGLE-3.1: h^{j-1}_k) at positions k + j;
+        `eagle3_attention` lets each attend to the step-0 keys of pairs <= k and to its own keys at steps
+        1..j. Memory O(K·N²).
         """
         return torch.stack(self._ttt_outputs(input_ids, features, embed, pair_mask, steps))
 
@@ -190,7 +207,7 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         store: dict[int, tuple[Tensor, Tensor]] = {}
         outs = []
         for j in range(steps):
-            g = self._layer(input_ids[:, j : j + N], g, embed, pos + j, mask, ttt=(store, j))
+            g = self._output(self._layer(input_ids[:, j : j + N], g, embed, pos + j, mask, ttt=(store, j)))
             outs.append(g)
         return outs
 
@@ -214,6 +231,7 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
             fused.emb = None
 
     def logits(self, feats: Tensor, lm_head: nn.Module | None = None) -> Tensor:
-        """feats: [..., H] pre-norm outputs -> float32 draft-vocab logits [..., Vd] (own norm and lm_head;
-        ``lm_head`` is accepted for the proposer's EAGLE-1/2 call signature and ignored)."""
-        return self.lm_head(self.norm(feats)).float()
+        """feats: [..., H] the head's outputs (pre-norm o; EAGLE-3.1: post-norm h) -> float32 draft-vocab
+        logits [..., Vd] = lm_head(norm(o)) (own norm and lm_head; ``lm_head`` is accepted for the
+        proposer's EAGLE-1/2 call signature and ignored)."""
+        return self.lm_head(self._head_in(feats)).float()

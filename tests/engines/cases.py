@@ -43,6 +43,11 @@ CASES: list[tuple[str, str, str, str, str, str | None, str]] = [
     ("eagle3-target-llama-vllm", "eagle3", "target", "llama", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle3-target-qwen3-vllm", "eagle3", "target", "qwen3", "vllm", "vllm-0.33.0", "eagle3"),
     ("eagle3-target-qwen3-sglang", "eagle3", "target", "qwen3", "sglang", None, "eagle3"),
+    ("eagle31-llama-llama-vllm", "eagle31", "llama", "llama", "speculators", "vllm-0.33.0", "eagle3"),
+    ("eagle31-llama-llama-vllm032", "eagle31", "llama", "llama", "speculators", "vllm-0.32.0", "eagle3"),
+    ("eagle31-llama-llama-sglang", "eagle31", "llama", "llama", "sglang", "sglang-0.5.23", "eagle3"),
+    ("eagle31-llama-qwen3-vllm", "eagle31", "llama", "qwen3", "speculators", "vllm-0.33.0", "eagle3"),
+    ("eagle31-target-qwen3-vllm", "eagle31", "target", "qwen3", "vllm", "vllm-0.33.0", "eagle3"),
 ]
 
 # pairs the engine itself does not serve: id -> (text its error must contain, why, for the table); read

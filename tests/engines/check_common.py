@@ -104,6 +104,27 @@ def fc_input_error(inner: nn.Module, case: dict) -> float | None:
     return float((got.float() - want).abs().max() / want.abs().max())
 
 
+def fuse_error(fuse, case: dict) -> float | None:
+    """EAGLE-3: relative max error of the engine draft's own fusion of aux features (``fuse`` = vLLM's
+    ``combine_hidden_states``: its fc_norm chunks and fc) against selfspec's ``Eagle3Head.fuse`` on the
+    same [n, 3H] features; None when the case carries no check."""
+    check = case.get("fuse_check")
+    if not check:
+        return None
+    aux, want = torch.tensor(check["aux"]), torch.tensor(check["expected"])
+    with torch.no_grad():
+        got = fuse(aux)
+    got = got[0] if isinstance(got, tuple) else got
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+def eagle31_flags(inner: nn.Module) -> dict[str, bool]:
+    """What the engine's EAGLE-3 draft model built from the config: per-layer aux norms (``fc_norm``, a
+    module list or None in both engines) and post-norm feedback (``norm_output``, read in its forward)."""
+    return {"fc_norm": getattr(inner, "fc_norm", None) is not None,
+            "norm_output": bool(getattr(inner, "norm_output", False))}
+
+
 def main(setup, run) -> None:
     """Driver entry: ``python driver.py spec.json out.json``. spec: ``{"port", "cases": [case...]}``;
     ``setup(spec)`` runs once (process group), ``run(case) -> dict`` per case; one result per case."""

@@ -22,7 +22,7 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from check_common import RecordingIterator, audit, fc_input_error, fill_nan, main  # noqa: E402
+from check_common import RecordingIterator, audit, eagle31_flags, fc_input_error, fill_nan, main  # noqa: E402
 
 
 def _server_args(spec: dict):
@@ -121,6 +121,7 @@ def run(spec: dict) -> dict:
         # SGLang's Llama/Qwen forward appends hidden_states + residual before running layer i for each
         # i in layers_to_capture, in layer order: the input of layer i = HF hidden_states[i]
         out["captured_hidden_states"] = sorted(set(int(i) for i in target.model.layers_to_capture))
+        out["eagle31"] = eagle31_flags(draft.model)
     return out
 
 

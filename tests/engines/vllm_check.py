@@ -23,7 +23,7 @@ import torch  # noqa: E402
 if not torch.accelerator.is_available():
     # torch 2.13 raises where vLLM 0.33's torch 2.14 pin returns: freeing a cache that cannot exist
     torch.accelerator.empty_cache = lambda: None
-from check_common import RecordingIterator, audit, fc_input_error, fill_nan, main  # noqa: E402
+from check_common import RecordingIterator, audit, eagle31_flags, fc_input_error, fill_nan, fuse_error, main  # noqa: E402,E501
 
 
 def _engine_config(spec: dict):
@@ -123,6 +123,8 @@ def run(spec: dict) -> dict:
         # vLLM's Llama/Qwen forward appends hidden_states + residual *before* layer idx for each idx in
         # aux_hidden_state_layers, in layer order: the input of layer idx = HF hidden_states[idx]
         out["captured_hidden_states"] = sorted(set(int(i) for i in target.model.aux_hidden_state_layers))
+        out["eagle31"] = eagle31_flags(draft.model)
+        out["fuse_rel_error"] = fuse_error(draft.combine_hidden_states, spec)
     return out
 
 
