@@ -279,3 +279,38 @@ def test_make_reports_the_cached_builds(tiny_builds, capsys):
     assert f"target: {tiny_builds[0]}" in printed and f"({demo.DATA_ROWS['tiny'][0]} rows)" in printed
     with pytest.raises(ValueError, match="--size must be one of full, tiny"):
         MakeDemoOptions(size="huge")
+
+
+def test_demo_generate_compares_three_ways_and_checks_exactness_in_both_dtypes(tmp_path, capsys):
+    """scripts/demo_generate.py's code, timed in bf16: the table has target.generate, prompt lookup and the
+    heads with τ and efficiency; exactness is checked in fp32 (all identical) and reported for bf16."""
+    from heads import MedusaHeads, load_target, save_heads
+    from infer.benchmark import side_by_side
+
+    torch.set_num_threads(1)
+    target = load_target(demo.resolve("demo-tiny"))
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.config.record_target(target)
+    save_heads(heads, str(tmp_path / "heads"))
+    argv = ["--target", "demo-tiny", "--heads", str(tmp_path / "heads"), "--prompts", "2"]
+    rows = side_by_side.main(
+        [*argv, "--max-new-tokens", "8", "--dtype", "bf16", "--out", str(tmp_path / "o")]
+    )
+    out = capsys.readouterr().out
+    assert "precision: bf16 (asked for explicitly)" in out
+    assert "| method (bf16, greedy) | tokens/s (median) | speedup | τ | efficiency |" in out
+    assert (
+        "| target.generate |" in out
+        and "| prompt lookup (3) |" in out
+        and "| heads (medusa, static tree) |" in out
+    )
+    assert "exactness (fp32): greedy output token-identical to target.generate: identical outputs 2/2" in out
+    assert "exactness (bf16): " in out
+    assert len(rows) == 2 and all(r["identical"] and r["tau"] >= 1 for r in rows)
+    report = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert set(report["exactness"]) == {"bf16", "fp32"} and report["precision"]["name"] == "bf16"
+    assert [r["method"] for r in report["results"]][:2] == ["target.generate", "prompt lookup (3)"]
+    bf16 = report["exactness"]["bf16"]
+    assert bf16["row"]["identical"] + len(bf16["mismatches"]) == 2  # each divergence listed with its margin
+    assert all(m["logit_margin"] is not None for m in bf16["mismatches"])
