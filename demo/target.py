@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from demo.cache import build_cached, cache_dir
 from demo.corpus import documents, read_source, stdlib_files
+from demo.precision import FAST, Precision, fast_precision
 from demo.spec import RECIPE_VERSION, SPECS, DemoSpec, Size
 from demo.tokenizer import train_tokenizer
 
@@ -69,20 +70,21 @@ def llama_config(spec: DemoSpec, tokenizer):
     )
 
 
-def _loss_fn(model):
-    """Next-token cross-entropy over a [B, T+1] window batch, the forward under bf16 autocast."""
+def _loss_fn(model, bf16: bool):
+    """Next-token cross-entropy over a [B, T+1] window batch; the forward under bf16 autocast if ``bf16``
+    (only where bf16 is native: emulated, it is 15-50x slower than fp32, `demo.precision`)."""
 
     def loss(windows: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(input_ids=windows[:, :-1]).logits  # [B, T, V]
         return F.cross_entropy(logits.float().flatten(0, 1), windows[:, 1:].flatten())
 
     return loss
 
 
-def _eval_loss(model, heldout, batch_size: int) -> float:
+def _eval_loss(model, heldout, batch_size: int, bf16: bool) -> float:
     """Mean next-token loss over the ``heldout`` windows [N, T+1] (the held-out files)."""
-    loss_fn = _loss_fn(model)
+    loss_fn = _loss_fn(model, bf16)
     model.eval()
     total = 0.0
     with torch.no_grad():
@@ -93,7 +95,7 @@ def _eval_loss(model, heldout, batch_size: int) -> float:
     return total / len(heldout)
 
 
-def _train(model, train_windows, spec: DemoSpec, seed: int, desc: str) -> tuple[float, bool]:
+def _train(model, train_windows, spec: DemoSpec, seed: int, desc: str, bf16: bool) -> tuple[float, bool]:
     """AdamW + warmup/cosine over ``spec.steps`` batches of seeded-shuffled windows.
 
     Returns (train seconds, whether torch.compile was used). Weight decay applies to matrices only
@@ -109,7 +111,7 @@ def _train(model, train_windows, spec: DemoSpec, seed: int, desc: str) -> tuple[
         betas=(0.9, 0.95),
         eps=1e-8,
     )
-    eager = _loss_fn(model)
+    eager = _loss_fn(model, bf16)
     loss_fn = torch.compile(eager) if spec.compile else eager
     compiled = spec.compile
     order = torch.empty(0, dtype=torch.long)
@@ -161,13 +163,19 @@ def _corpus(spec: DemoSpec):
     return tokenizer, train_windows, heldout_windows, counts
 
 
-def _build_target(out: str, size: Size, seed: int) -> None:
-    """Train the tokenizer and the model and save them (plus demo_info.json) into ``out``."""
+def _build_target(out: str, size: Size, seed: int, precision: str = FAST) -> None:
+    """Train the tokenizer and the model and save them (plus demo_info.json) into ``out``.
+
+    ``precision``: fast (bf16 autocast where the hardware has native bf16, else fp32: `demo.precision`),
+    bf16 or fp32. The weights are saved in fp32 either way."""
     # heavy (the model code), and only the build subprocess needs it
     import transformers
     from transformers import GenerationConfig, LlamaForCausalLM
 
     spec = SPECS[size]
+    chosen: Precision = fast_precision(precision, "cpu")
+    bf16 = chosen.name == "bf16"
+    print(f"demo target {size}: {chosen.line}", flush=True)
     t_start = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads or os.cpu_count() or 1)
@@ -184,8 +192,10 @@ def _build_target(out: str, size: Size, seed: int) -> None:
             f"{spec.seq_len} tokens, training on {tokens:,} tokens",
             flush=True,
         )
-        train_seconds, compiled = _train(model, train_windows, spec, seed, desc=f"demo-target-{size}")
-        heldout_loss = _eval_loss(model, heldout_windows, spec.batch_size)
+        train_seconds, compiled = _train(
+            model, train_windows, spec, seed, desc=f"demo-target-{size}", bf16=bf16
+        )
+        heldout_loss = _eval_loss(model, heldout_windows, spec.batch_size, bf16)
         heldout_tokens = heldout_windows.numel() - len(heldout_windows)
         print(
             f"demo target {size}: held-out loss {heldout_loss:.4f} ({heldout_tokens:,} "
@@ -215,7 +225,10 @@ def _build_target(out: str, size: Size, seed: int) -> None:
             "train_windows": len(train_windows),
             "heldout_loss": round(heldout_loss, 4),
             "heldout_tokens": heldout_tokens,
+            "precision": chosen.name,
+            "precision_reason": chosen.reason,
             "train_seconds": round(train_seconds, 1),
+            "seconds_per_step": round(train_seconds / spec.steps, 3),
             "build_seconds": round(time.perf_counter() - t_start, 1),
             "compiled": compiled,
             "threads": torch.get_num_threads(),
@@ -232,22 +245,45 @@ def _build_target(out: str, size: Size, seed: int) -> None:
 
 
 def ensure_demo_target(
-    size: Size = "full", seed: int = 0, cache: str | None = None, force: bool = False
+    size: Size = "full", seed: int = 0, cache: str | None = None, force: bool = False, precision: str = FAST
 ) -> str:
     """The demo target's directory, ``<cache>/demo-target-<size>-s<seed>``, built on first call.
 
     The directory holds a standard HF ``LlamaForCausalLM`` (config.json, generation_config.json,
     model.safetensors in float32), its tokenizer (with chat template) and demo_info.json. Building
-    ``full`` takes about 10 minutes on 2 CPU cores; ``tiny`` a few seconds. ``force`` rebuilds.
+    ``full`` takes about 10 minutes on 2 CPU cores with native bf16 or in fp32; ``tiny`` a few seconds.
+    ``force`` rebuilds; so does a cached build of another recipe version, or (for an explicit
+    ``precision``) one trained in the other precision (`stale_reason`). ``precision``: fast | bf16 | fp32.
     """
     if size not in SPECS:
         raise ValueError(f"size must be one of {', '.join(SPECS)}, got {size!r}")
+    fast_precision(precision)  # a bad value fails here, before any work
     final = os.path.join(cache or cache_dir(), f"demo-target-{size}-s{seed}")
-    return build_cached(final, lambda tmp: _spawn_build(tmp, size, seed), force)
+    stale = stale_reason(final, precision)
+    if stale and not force:
+        print(f"rebuilding the demo target {final}: {stale}", file=sys.stderr, flush=True)
+    return build_cached(final, lambda tmp: _spawn_build(tmp, size, seed, precision), force or bool(stale))
 
 
-def _spawn_build(out: str, size: Size, seed: int) -> None:
-    """Run `_build_target` in a fresh interpreter (``python -m demo OUT SIZE SEED``).
+def stale_reason(final: str, precision: str = FAST) -> str | None:
+    """Why a cached demo target in ``final`` must not be reused (None: reuse it, or nothing is there)."""
+    try:
+        with open(os.path.join(final, "demo_info.json")) as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"its demo_info.json is unreadable ({e})"
+    version = info.get("recipe_version") if isinstance(info, dict) else None
+    if version != RECIPE_VERSION:
+        return f"built by recipe version {version}, this is version {RECIPE_VERSION}"
+    if precision != FAST and info.get("precision") != fast_precision(precision).name:
+        return f"trained in {info.get('precision')}, {precision} was asked for"
+    return None
+
+
+def _spawn_build(out: str, size: Size, seed: int, precision: str = FAST) -> None:
+    """Run `_build_target` in a fresh interpreter (``python -m demo OUT SIZE SEED PRECISION``).
 
     Why a subprocess: torch's OpenMP runtime (libgomp) reads ``OMP_WAIT_POLICY`` once, when torch is
     imported, and by default its threads spin after every parallel region. On 2 cores shared with
@@ -261,7 +297,7 @@ def _spawn_build(out: str, size: Size, seed: int) -> None:
     env.setdefault("HF_HUB_OFFLINE", "1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # importable without an install
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "demo", out, size, str(seed)]
+    cmd = [sys.executable, "-m", "demo", out, size, str(seed), precision]
     rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
         raise RuntimeError(

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 import demo
+import demo.precision
 
 
 @dataclass
@@ -53,9 +54,17 @@ def looks_local(name_or_path: str) -> bool:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype:
-    """Map a config string ("auto", "bf16", "bfloat16", "float32", ...) to what transformers takes."""
+    """Map a config string ("auto", "bf16", "bfloat16", "float32", ...) to what transformers takes.
+
+    ``fast``: bf16 where the hardware computes it natively, else fp32 (`demo.precision.fast_precision`;
+    emulated bf16 on a CPU without bf16 instructions is many times slower than fp32); the choice and why
+    are printed in one line."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype or "auto"
+    if dtype == demo.precision.FAST:
+        chosen = demo.precision.fast_precision()
+        print(f"target dtype fast -> {chosen.line}", flush=True)
+        return chosen.dtype
     aliases = {
         "bf16": torch.bfloat16,
         "bfloat16": torch.bfloat16,
@@ -65,7 +74,7 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype:
         "float32": torch.float32,
     }
     if dtype not in aliases:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(aliases)}")
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, fast, {', '.join(aliases)}")
     return aliases[dtype]
 
 

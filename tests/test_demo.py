@@ -122,7 +122,7 @@ def test_cached_reuse_and_force(tmp_path, monkeypatch):
     monkeypatch.setattr(
         demo.target,
         "_spawn_build",
-        lambda out, size, seed: calls.append(out) or open(os.path.join(out, "x"), "w").close(),
+        lambda out, size, seed, precision: calls.append(out) or open(os.path.join(out, "x"), "w").close(),
     )
     p1 = demo.ensure_demo_target("tiny", seed=3, cache=str(tmp_path))
     p2 = demo.ensure_demo_target("tiny", seed=3, cache=str(tmp_path))
@@ -132,8 +132,83 @@ def test_cached_reuse_and_force(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == [".demo-target-tiny-s3.lock", "demo-target-tiny-s3"]
 
 
+def _fake_build(calls: list, precision_built: str):
+    def build(out, size, seed, precision):
+        calls.append(precision)
+        info = {"recipe_version": demo.RECIPE_VERSION, "precision": precision_built}
+        with open(os.path.join(out, "demo_info.json"), "w") as f:
+            json.dump(info, f)
+
+    return build
+
+
+def test_stale_builds_are_rebuilt(tmp_path, monkeypatch, capsys):
+    """Another recipe version, or an explicit precision the cache was not trained in, rebuilds; fast reuses."""
+    calls: list[str] = []
+    monkeypatch.setattr(demo.target, "_spawn_build", _fake_build(calls, "fp32"))
+    path = demo.ensure_demo_target("tiny", cache=str(tmp_path))
+    assert calls == ["fast"] and demo.target.stale_reason(path) is None
+    demo.ensure_demo_target("tiny", cache=str(tmp_path), precision="fp32")  # what it was trained in: reused
+    assert calls == ["fast"]
+    demo.ensure_demo_target("tiny", cache=str(tmp_path), precision="bf16")
+    assert calls == ["fast", "bf16"] and "trained in fp32, bf16 was asked for" in capsys.readouterr().err
+    with open(os.path.join(path, "demo_info.json"), "w") as f:
+        json.dump({"recipe_version": demo.RECIPE_VERSION - 1, "precision": "fp32"}, f)
+    assert "recipe version" in demo.target.stale_reason(path)
+    demo.ensure_demo_target("tiny", cache=str(tmp_path))
+    assert calls == ["fast", "bf16", "fast"] and demo.target.stale_reason(path) is None
+    with pytest.raises(ValueError, match="precision must be fast, bf16 or fp32"):
+        demo.ensure_demo_target("tiny", cache=str(tmp_path), precision="fp16")
+
+
+AMD_EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 avx512f avx512_vnni\n\n"
+INTEL_AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile avx512_bf16 amx_int8\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve i8mm bf16 bti\nCPU implementer\t: 0x41\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "flags", "name"),
+    [
+        (AMD_EPYC, [], "fp32"),
+        (INTEL_AMX, ["amx_bf16", "avx512_bf16"], "bf16"),
+        (INTEL_AMX.replace(" amx_bf16", ""), ["avx512_bf16"], "bf16"),
+        (ARM_BF16, ["bf16"], "bf16"),
+        (ARM_BF16.replace(" bf16", ""), [], "fp32"),
+        ("flags\t: avx512_bf16_fake xbf16\n", [], "fp32"),  # whole words only
+        ("model name\t: bf16 amx_bf16\n", [], "fp32"),  # only the flags / Features lines count
+        ("", [], "fp32"),
+    ],
+)
+def test_cpu_precision_from_cpuinfo(cpuinfo, flags, name):
+    from demo.precision import cpu_bf16_flags, cpu_precision
+
+    assert cpu_bf16_flags(cpuinfo) == flags
+    chosen = cpu_precision(cpuinfo)
+    assert chosen.name == name and chosen.line.startswith(f"precision: {name} (")
+    assert chosen.dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def test_precision_explicit_overrides_and_unknown_platforms(monkeypatch):
+    from demo import precision
+
+    assert precision.cpu_precision(None).name == "fp32"  # not Linux / unreadable: bf16 not confirmed
+    monkeypatch.setattr(precision, "_read_cpuinfo", lambda: AMD_EPYC)
+    precision._machine_precision.cache_clear()
+    try:
+        assert precision.fast_precision("fast", "cpu").name == "fp32"
+        assert precision.fast_precision("bf16", "cpu") == precision.Precision("bf16", "asked for explicitly")
+        assert precision.fast_precision("float32", "cpu").name == "fp32"
+        monkeypatch.setattr(precision, "_read_cpuinfo", lambda: INTEL_AMX)
+        precision._machine_precision.cache_clear()
+        assert precision.fast_precision("fast", "cpu").name == "bf16"
+        with pytest.raises(ValueError, match="got 'fp16'"):
+            precision.fast_precision("fp16")
+    finally:
+        precision._machine_precision.cache_clear()
+
+
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
-    def boom(out, size, seed):
+    def boom(out, size, seed, precision):
         open(os.path.join(out, "config.json"), "w").close()
         raise KeyboardInterrupt
 
@@ -204,3 +279,38 @@ def test_make_reports_the_cached_builds(tiny_builds, capsys):
     assert f"target: {tiny_builds[0]}" in printed and f"({demo.DATA_ROWS['tiny'][0]} rows)" in printed
     with pytest.raises(ValueError, match="--size must be one of full, tiny"):
         MakeDemoOptions(size="huge")
+
+
+def test_demo_generate_compares_three_ways_and_checks_exactness_in_both_dtypes(tmp_path, capsys):
+    """scripts/demo_generate.py's code, timed in bf16: the table has target.generate, prompt lookup and the
+    heads with τ and efficiency; exactness is checked in fp32 (all identical) and reported for bf16."""
+    from heads import MedusaHeads, load_target, save_heads
+    from infer.benchmark import side_by_side
+
+    torch.set_num_threads(1)
+    target = load_target(demo.resolve("demo-tiny"))
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.config.record_target(target)
+    save_heads(heads, str(tmp_path / "heads"))
+    argv = ["--target", "demo-tiny", "--heads", str(tmp_path / "heads"), "--prompts", "2"]
+    rows = side_by_side.main(
+        [*argv, "--max-new-tokens", "8", "--dtype", "bf16", "--out", str(tmp_path / "o")]
+    )
+    out = capsys.readouterr().out
+    assert "precision: bf16 (asked for explicitly)" in out
+    assert "| method (bf16, greedy) | tokens/s (median) | speedup | τ | efficiency |" in out
+    assert (
+        "| target.generate |" in out
+        and "| prompt lookup (3) |" in out
+        and "| heads (medusa, static tree) |" in out
+    )
+    assert "exactness (fp32): greedy output token-identical to target.generate: identical outputs 2/2" in out
+    assert "exactness (bf16): " in out
+    assert len(rows) == 2 and all(r["identical"] and r["tau"] >= 1 for r in rows)
+    report = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert set(report["exactness"]) == {"bf16", "fp32"} and report["precision"]["name"] == "bf16"
+    assert [r["method"] for r in report["results"]][:2] == ["target.generate", "prompt lookup (3)"]
+    bf16 = report["exactness"]["bf16"]
+    assert bf16["row"]["identical"] + len(bf16["mismatches"]) == 2  # each divergence listed with its margin
+    assert all(m["logit_margin"] is not None for m in bf16["mismatches"])

@@ -23,7 +23,12 @@ def test_readme_has_exactly_two_setup_commands():
     demo, tests = cmds
     for c in cmds:  # torch first, pinned: an open range pulls a CUDA build on CPU machines
         assert c.index("pip install torch==2.13.0") < c.index("pip install -e")
-    assert "train/train_heads.py --config configs/demo-medusa.yaml" in demo
+    # issue 17: the first command trains the recommended way (self-distilled data) and shows the comparison
+    assert (
+        demo.index("scripts/regenerate_data.py --target demo")
+        < demo.index("train/train_heads.py --config configs/demo-medusa-regen.yaml")
+        < demo.index("scripts/demo_generate.py --heads out/demo-medusa-regen")
+    )
     assert "pytest" in tests
 
 

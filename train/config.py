@@ -37,7 +37,7 @@ from heads import config, registry
 from train.data import DataConfig
 
 DEMO_NAMES = demo.NAMES
-DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+DTYPES = ("auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
 HUB_STRATEGIES = ("end", "every_save")
@@ -49,7 +49,7 @@ class TargetConfig:
 
     name_or_path: str = "demo"
     revision: str | None = None
-    dtype: str = "auto"  # "auto" keeps the dtype stored with the model; or bf16 / fp16 / fp32
+    dtype: str = "auto"  # auto = as stored; fast = bf16 where native, else fp32; or bf16 / fp16 / fp32
     attn_implementation: str | None = None  # None = transformers' default (sdpa); or "eager", ...
     adapter: str | None = None  # PEFT adapter dir or Hub id: heads train on the adapted target
     adapter_revision: str | None = None  # Hub revision of the adapter

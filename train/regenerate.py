@@ -93,7 +93,7 @@ class RegenConfig:
     prompt_tokens: ``text`` rows: how many leading tokens are kept as the prompt.
     limit: only the first ``limit`` input rows (None = all).
     seed: sampling seed (unused when greedy).
-    dtype: the target's dtype: auto (as stored) | bf16 | fp16 | fp32.
+    dtype: the target's dtype: auto (as stored) | fast (bf16 where native, else fp32) | bf16 | fp16 | fp32.
     device: where the target runs (None: cuda if available, else cpu).
     threads: torch CPU threads for the run (None: torch's default); does not change the text.
 
@@ -120,7 +120,10 @@ class RegenConfig:
     prompt_tokens: int = field(default=32, metadata={"help": "text rows: leading tokens kept as the prompt"})
     limit: int | None = field(default=None, metadata={"help": "only the first N input rows"})
     seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
-    dtype: str = field(default="auto", metadata={"help": "auto (as stored) | bf16 | fp16 | fp32"})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "auto (as stored) | fast (bf16 where native, else fp32) | bf16 | fp16 | fp32"},
+    )
     device: str | None = field(default=None, metadata={"help": "default: cuda if available, else cpu"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
 

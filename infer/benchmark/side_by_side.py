@@ -1,26 +1,48 @@
-"""Side-by-side generation on the demo target: ``target.generate`` vs ``infer.generate`` with trained heads.
+"""The demo's comparison: ``target.generate``, HF prompt lookup and the trained heads, side by side.
 
-    python scripts/demo_generate.py --heads out/demo-medusa [--target demo] [--dtype auto] [--prompts 8]
+    python scripts/demo_generate.py --heads out/demo-medusa [--target demo] [--dtype fast] [--prompts 8]
 
-(``scripts/demo_generate.py`` is a thin CLI over `main` here.) For each held-out prompt (code the target
-never saw) both run greedy, interleaved (A B A B) after a warm-up, in one process. Prints per-prompt and
-median tokens/s, the speedup (ratio of medians), the mean accepted length τ (tokens per verify forward,
-bonus token included) and whether outputs are token-identical. Timings are this machine's; they are not
-asserted anywhere.
+(``scripts/demo_generate.py`` is a thin CLI over `main` here.) On held-out prompts (code the target and
+the demo's head-training data never saw: `demo.ensure_demo_data`'s ``prompts``), greedy, fixed length,
+all three run in one process, interleaved per prompt (A B C, B C A, ...) after a warm-up, in the fast
+dtype (``--dtype fast``: bf16 where the hardware computes it natively, else fp32; `demo.precision`).
+This is `infer.benchmark.run.measure` with one prompt set and the greedy mode.
+
+Printed: a table of tokens/s (median over prompts), speedup (total time against ``target.generate``),
+τ (tokens per target decode forward, bonus token included) and efficiency (speedup / τ) per method; then
+the exactness check:
+
+- fp32: the heads' greedy output must be token-identical to ``target.generate`` in fp32 on every prompt
+  (run again in fp32 when the timed dtype is bf16); any difference is a bug and exits with status 1;
+- bf16 (when the timed dtype is bf16): how many outputs were identical, and for each divergence the
+  target's own logit margin between the two tokens at that point (a near-tie flip from rounding when it
+  is within the tie tolerance, `infer.benchmark.run.DEFAULT_TIE_TOL`; else a bug, status 1).
+
+``--out DIR`` also writes results.json (the settings, the machine and every number printed).
+Timings are this machine's; they are not asserted anywhere.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
-import statistics
-import time
-from dataclasses import dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 import demo
 import infer
+from demo.precision import fast_precision
+from heads import registry
 from heads.config import parse_cli
+from infer.benchmark.machine import machine_info
+from infer.benchmark.measure import PeakMemory
+from infer.benchmark.methods import Method
+from infer.benchmark.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
+from infer.benchmark.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from infer.prompts import read_prompts, render_prompt
 
 
@@ -30,7 +52,7 @@ def _help(text: str) -> dict:
 
 @dataclass
 class DemoGenerateOptions:
-    """Side-by-side generation: target.generate vs infer.generate with trained heads, greedy."""
+    """Side by side, greedy: target.generate, HF prompt lookup and infer.generate with trained heads."""
 
     heads: str | None = field(
         default=None, metadata=_help("heads directory or Hub id (e.g. the demo run's output_dir)")
@@ -40,15 +62,18 @@ class DemoGenerateOptions:
         metadata=_help("target dir or Hub id; 'demo' / 'demo-tiny' = the built-in demo target"),
     )
     dtype: str = field(
-        default="auto",
+        default="fast",
         metadata=_help(
-            "auto (as stored: fp32 for the demo target, where greedy output is exactly identical) or bf16 "
-            "(cheaper verification on big models, docs/design.md §6; near-tie argmax can flip)"
+            "the timed dtype: fast (bf16 where the hardware has native bf16, else fp32), bf16 or fp32; "
+            "exactness is checked in fp32 either way"
         ),
     )
     prompts: int = field(default=8, metadata=_help("number of held-out prompts"))
     max_new_tokens: int = 128
     prompt_tokens: int = field(default=128, metadata=_help("truncate prompts to their last N tokens"))
+    prompt_lookup: int = field(
+        default=3, metadata=_help("HF prompt_lookup_num_tokens of the baseline; 0: off")
+    )
     threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
     merge: bool = field(
         default=False,
@@ -56,81 +81,144 @@ class DemoGenerateOptions:
             "heads with a PEFT adapter (Medusa-2): merge it into the target weights (base-model speed)"
         ),
     )
+    out: str | None = field(default=None, metadata=_help("directory for results.json (default: none)"))
 
     def __post_init__(self) -> None:
         if not self.heads:
             raise ValueError("--heads is required (a heads directory or Hub id)")
         if self.prompts < 1 or self.max_new_tokens < 1 or self.prompt_tokens < 1:
             raise ValueError("--prompts, --max-new-tokens and --prompt-tokens must be >= 1")
+        if self.prompt_lookup < 0:
+            raise ValueError("--prompt-lookup must be >= 0")
+        fast_precision(self.dtype)  # a bad value fails here, before any loading
 
 
-def side_by_side(o: DemoGenerateOptions) -> list[dict]:
-    """Per prompt: tokens/s of both, τ and token identity (fixed-length greedy runs, EOS ignored)."""
-    model = infer.load(demo.resolve(o.target), heads=o.heads, dtype=o.dtype, merge=o.merge)
-    prompts_path = demo.ensure_demo_data(size=demo.NAMES.get(o.target, "full"))["prompts"]
-    tok = model.tokenizer
+def _session(o: DemoGenerateOptions, model, methods: list[Method], warmup: int, tie_tol: float) -> Session:
+    bench = BenchmarkOptions(
+        target=o.target, limit=o.prompts, max_new_tokens=o.max_new_tokens, modes="greedy", warmup=warmup
+    )
     device = next(model.target.parameters()).device
-    rows = read_prompts(prompts_path)[: o.prompts]
+    n_calls = (o.prompts + warmup) * len(methods)
+    bar = tqdm(total=n_calls, desc="demo", unit="run", dynamic_ncols=True, leave=False)
+    return Session(bench, model.target, model.tokenizer, methods, True, PeakMemory(device), tie_tol, bar)
+
+
+def _methods(o: DemoGenerateOptions, model, label: str, with_lookup: bool) -> list[Method]:
+    methods = [Method("target.generate", "plain")]
+    if with_lookup and o.prompt_lookup > 0:
+        n = o.prompt_lookup
+        methods.append(
+            Method(f"prompt lookup ({n})", "prompt_lookup", options={"prompt_lookup_num_tokens": n})
+        )
+    methods.append(Method(label, "heads", o.heads, model.heads.config.head_type, model=model))
+    return methods
+
+
+def _prompts(o: DemoGenerateOptions, tokenizer, device) -> tuple[str, list[torch.Tensor]]:
+    path = demo.ensure_demo_data(size=demo.NAMES.get(o.target, "full"))["prompts"]
+    rows = read_prompts(path)[: o.prompts]
     encoded = [
-        render_prompt(row, tok, f"{prompts_path} row {i + 1}")[:, -o.prompt_tokens :].to(device)
+        render_prompt(row, tokenizer, f"{path} row {i + 1}")[:, -o.prompt_tokens :].to(device)
         for i, row in enumerate(rows)
     ]
-    gen_kw = dict(max_new_tokens=o.max_new_tokens, eos_token_id=[])  # fixed length: compare like with like
-    ref_kw = dict(
-        do_sample=False, max_new_tokens=o.max_new_tokens, eos_token_id=None, pad_token_id=tok.pad_token_id
-    )
-    infer.generate(model, encoded[0], max_new_tokens=8)  # warm-up both paths
-    model.target.generate(encoded[0], do_sample=False, max_new_tokens=8, pad_token_id=tok.pad_token_id)
-    out_rows = []
-    for i, ids in enumerate(encoded):
-        t = time.perf_counter()
-        ref = model.target.generate(ids, **ref_kw)
-        t_ref = time.perf_counter() - t
-        t = time.perf_counter()
-        out = infer.generate(model, ids, **gen_kw)
-        t_spec = time.perf_counter() - t
-        n = out.stats.new_tokens
-        row = {
-            "target_tps": n / t_ref,
-            "infer_tps": n / t_spec,
-            "tau": out.stats.mean_accepted_length,
-            "identical": torch.equal(ref, out.sequences),
-        }
-        out_rows.append(row)
-        print(
-            f"prompt {i}: target.generate {row['target_tps']:7.1f} tok/s | infer.generate {row['infer_tps']:7.1f} "
-            f"tok/s | tau {row['tau']:.2f} | identical {row['identical']}",
-            flush=True,
-        )
-    summary(o, out_rows, model.heads.config.head_type, device)
-    return out_rows
+    return path, encoded
 
 
-def summary(o: DemoGenerateOptions, rows: list[dict], head_type: str, device) -> None:
-    ref_tps = statistics.median(r["target_tps"] for r in rows)
-    spec_tps = statistics.median(r["infer_tps"] for r in rows)
-    tau = statistics.mean(r["tau"] for r in rows)
-    same = sum(r["identical"] for r in rows)
-    print("\n| | tokens/s (median) |\n|---|---|")
-    print(
-        f"| target.generate (greedy) | {ref_tps:.1f} |\n| infer.generate (greedy, {head_type}) | {spec_tps:.1f} |"
-    )
-    print(
-        f"\nspeedup {spec_tps / ref_tps:.2f}x, mean accepted length tau = {tau:.2f} tokens per target forward "
-        f"(bonus token included), identical outputs {same}/{len(rows)} prompts, dtype {o.dtype}, "
-        f"{torch.get_num_threads()} threads on {device}"
-    )
-    if same < len(rows):
-        print(
-            "note: in bf16 a multi-token verify forward rounds differently from one-token decoding, so a near-tie "
-            "argmax can flip; in fp32 outputs are identical (see tests/test_generate.py)"
+def _run(o: DemoGenerateOptions, dtype: torch.dtype, with_lookup: bool, warmup: int):
+    """Load target + heads in ``dtype`` and measure; returns (rows by label, mismatches, tie tolerance,
+    prompts path, heads label)."""
+    model = infer.load(demo.resolve(o.target), heads=o.heads, dtype=dtype, merge=o.merge)
+    label = f"heads ({model.heads.config.head_type}, {registry.of(model.heads).tree} tree)"
+    device = next(model.target.parameters()).device
+    path, encoded = _prompts(o, model.tokenizer, device)
+    tie_tol = DEFAULT_TIE_TOL.get(dtype, 0.0)
+    s = _session(o, model, _methods(o, model, label, with_lookup), warmup, tie_tol)
+    results, mismatches, _ = _generate_all(s, {"held-out": encoded}, ["greedy"], ())
+    return {r["method"]: r for r in results}, mismatches, tie_tol, path, label
+
+
+def _table(rows: dict[str, dict], dtype_name: str) -> list[str]:
+    lines = [
+        f"| method ({dtype_name}, greedy) | tokens/s (median) | speedup | τ | efficiency |",
+        "|---|---|---|---|---|",
+    ]
+    for label, r in rows.items():
+        lines.append(
+            f"| {label} | {r['tokens_per_s']['median']:.1f} | {r['speedup']['total']:.2f}x | "
+            f"{fmt(r['tau'])} | {fmt(r['efficiency'])} |"
         )
+    return lines
+
+
+def _exactness_line(name: str, row: dict, mismatches: list[dict], label: str, tie_tol: float) -> str:
+    found = [m for m in mismatches if m["method"] == label]
+    n, same = row["n_prompts"], row["identical"]
+    line = f"exactness ({name}): greedy output token-identical to target.generate: identical outputs {same}/{n} prompts"
+    if not found:
+        return line
+    explained = sum(m["near_tie"] for m in found)
+    margins = ", ".join(fmt(m["logit_margin"], ".3f") for m in found)
+    return (
+        f"{line}; {len(found)} diverged, {explained}/{len(found)} explained by the target's own logit margin "
+        f"(margins {margins} vs tie tolerance {tie_tol})"
+    )
+
+
+def side_by_side(o: DemoGenerateOptions) -> tuple[list[dict], dict]:
+    """Measure in the fast dtype, check exactness in fp32 (and in bf16 when that is the fast one).
+
+    Returns (the heads' per-prompt rows in the exactness dtype fp32: ``identical``, ``tau``; the report)."""
+    chosen = fast_precision(o.dtype)
+    print(chosen.line, flush=True)
+    rows, mismatches, tie_tol, path, label = _run(o, chosen.dtype, with_lookup=True, warmup=1)
+    lines = [
+        f"held-out prompts: {o.prompts} from {path}, {o.max_new_tokens} new tokens each (EOS ignored)",
+        "",
+    ]
+    lines += _table(rows, chosen.name) + [""]
+    checks = {chosen.name: (rows[label], mismatches, tie_tol)}
+    if chosen.name != "fp32":  # the timed run was bf16: exactness in fp32 needs its own (untimed) run
+        rows32, mm32, tol32, _, _ = _run(o, torch.float32, with_lookup=False, warmup=0)
+        checks["fp32"] = (rows32[label], mm32, tol32)
+    for name in ("fp32", *(k for k in checks if k != "fp32")):
+        row, mm, tol = checks[name]
+        lines.append(_exactness_line(name, row, mm, label, tol))
+    print("\n" + "\n".join(lines), flush=True)
+    row32, mm32, _ = checks["fp32"]
+    bad = {
+        i
+        for i in range(row32["n_prompts"])
+        if any(m["prompt_index"] == i and m["method"] == label for m in mm32)
+    }
+    per_prompt = [{**p, "identical": i not in bad} for i, p in enumerate(row32["per_prompt"])]
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["scripts/demo_generate.py", *sys.argv[1:]]),
+        "machine": machine_info(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        "precision": {"name": chosen.name, "reason": chosen.reason},
+        "options": asdict(o),
+        "prompts_path": path,
+        "tau_definition": TAU_DEFINITION,
+        "speedup_definition": SPEEDUP_DEFINITION,
+        "results": list(rows.values()),
+        "exactness": {k: {"row": v[0], "mismatches": v[1], "tie_tolerance": v[2]} for k, v in checks.items()},
+        "table": lines,
+    }
+    report["ok"] = all(m["near_tie"] for _, mm, _ in checks.values() for m in mm) and not bad
+    if o.out:
+        os.makedirs(o.out, exist_ok=True)
+        write_text(os.path.join(o.out, "results.json"), json.dumps(report, indent=2, default=str) + "\n")
+    return per_prompt, report
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     o = parse_cli(DemoGenerateOptions, argv, prog="scripts/demo_generate.py")
     torch.set_num_threads(o.threads or os.cpu_count() or 1)
     try:
-        return side_by_side(o)
+        per_prompt, report = side_by_side(o)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message, not a traceback
         raise SystemExit(f"error: {e}") from None
+    if not report["ok"]:
+        print("error: a greedy divergence not explained by a near-tie (a bug): see above", file=sys.stderr)
+        raise SystemExit(1)
+    return per_prompt
