@@ -13,12 +13,30 @@ autocast, fp32 master weights, for both trainers). The logic is in `train.eagle3
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+
 from heads.config import parse_cli
 from train.eagle3_bench import BenchOptions, run
 
 
+def import_reference(path: str) -> tuple:
+    """(cnets, configs.EConfig) of the original EAGLE-3 trainer from the user's checkout ``path`` (the
+    ``eagle/traineagle3`` directory or the repository root). Its modules import their siblings by bare
+    name, so the directory goes on ``sys.path``: this script is the one place that does so (the
+    packages never edit it); it runs the user's own checkout, only when ``--reference`` names it."""
+    here = os.path.join(path, "eagle", "traineagle3")
+    path = here if os.path.isdir(here) else path
+    if not os.path.isfile(os.path.join(path, "cnets.py")):
+        raise SystemExit(f"--reference {path!r}: no cnets.py (give SafeAILab/EAGLE's eagle/traineagle3)")
+    sys.path.insert(0, path)
+    return importlib.import_module("cnets"), importlib.import_module("configs").EConfig
+
+
 def main(argv: list[str] | None = None) -> dict:
-    return run(parse_cli(BenchOptions, argv, prog="bench_eagle3_train.py"), argv)
+    args = parse_cli(BenchOptions, argv, prog="bench_eagle3_train.py")
+    return run(args, argv, import_reference(args.reference) if args.reference else None)
 
 
 if __name__ == "__main__":

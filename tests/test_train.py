@@ -394,16 +394,17 @@ def test_no_train_module_shadows_a_top_level_module():
         assert found is None, f"train/{name} shadows {found.origin or found.submodule_search_locations}"
 
 
-def test_no_train_module_edits_sys_path():
-    """No module in train/ edits sys.path (but the speed benchmark's import of the user's checkout of the
-    original EAGLE-3 trainer, train/eagle3_speed.py, which is not the project's code)."""
+def test_no_package_module_edits_sys_path():
+    """Issue 13: no module of the packages edits sys.path (the EAGLE-3 speed benchmark's import of the
+    user's checkout of the original trainer is done by its script, scripts/bench_eagle3_train.py)."""
     import re
 
-    for name in sorted(os.listdir(os.path.join(REPO, "train"))):
-        if name.endswith(".py"):
-            with open(os.path.join(REPO, "train", name)) as f:
-                edits = re.findall(r"sys\.path(?:\.insert|\.append|\[0\]\s*=|\s*=)", f.read())
-            assert len(edits) == (name == "eagle3_speed.py"), (name, edits)
+    for package in ("heads", "train", "infer", "demo"):
+        for root, _, files in os.walk(os.path.join(REPO, package)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                with open(os.path.join(root, name)) as f:
+                    edits = re.findall(r"sys\.path(?:\.insert|\.append|\[0\]\s*=|\s*=)", f.read())
+                assert not edits, (os.path.join(root, name), edits)
 
 
 @pytest.mark.slow

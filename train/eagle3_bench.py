@@ -65,7 +65,7 @@ class BenchOptions:
 MODES = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, torch.bfloat16)}
 
 
-def measure_mode(args: BenchOptions, mode: str, memory) -> dict:
+def measure_mode(args: BenchOptions, mode: str, memory, reference: tuple | None = None) -> dict:
     dtype, amp = MODES[mode]
     target, note = demo_like_target(dtype)
     batch = bench_batch(args.batch, args.length, target.config.vocab_size)
@@ -80,13 +80,13 @@ def measure_mode(args: BenchOptions, mode: str, memory) -> dict:
         split[f"ours K={k}"] = part_split(target, head, batch, steps=args.split_steps, amp=amp)
         steps[f"ours K={k}"] = our_step(target, head, amp=amp)
     info = {}
-    if args.reference:
+    if reference is not None:
         steps["original K=7"], info = reference_step(
-            args.reference, target, heads[args.ttt_steps()[0]], 7, amp=amp
+            reference, target, heads[args.ttt_steps()[0]], 7, amp=amp
         )
     res = interleave(steps, batch, args.rounds, memory)
     ratios = {}
-    if args.reference:
+    if reference is not None:
         ratios = {
             n: {key: paired_ratios(res, n, "original K=7", key) for key in ("s", "cpu_s")}
             for n in steps
@@ -157,8 +157,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: BenchOptions, argv: list[str] | None = None) -> dict:
-    """Measure every mode, print the markdown report, write results.json/.md to ``args.out`` if set."""
+def run(args: BenchOptions, argv: list[str] | None = None, reference: tuple | None = None) -> dict:
+    """Measure every mode, print the markdown report, write results.json/.md to ``args.out`` if set.
+    ``reference``: (cnets, EConfig) of the original trainer (``--reference``), or None."""
     torch.set_num_threads(args.threads)
     memory = PeakMemory(torch.device("cpu"))
     report = {
@@ -167,7 +168,7 @@ def run(args: BenchOptions, argv: list[str] | None = None) -> dict:
         "machine": machine_info(torch.device("cpu")),
         "memory": memory.kind,
         "args": asdict(args) | {"ttt": args.ttt_steps()},
-        "modes": {m: measure_mode(args, m, memory) for m in args.mode_list()},
+        "modes": {m: measure_mode(args, m, memory, reference) for m in args.mode_list()},
     }
     text = markdown(report)
     print(text)

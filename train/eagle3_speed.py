@@ -19,7 +19,6 @@ import contextlib
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -254,29 +253,19 @@ def _reset_rope(model: nn.Module) -> None:
 
 
 def reference_step(
-    path: str,
+    reference: tuple[Any, Any],
     target: nn.Module,
     head: nn.Module,
     steps: int = 7,
     lr: float = 1e-4,
     amp: torch.dtype | None = None,
 ) -> tuple[Callable[[dict[str, Tensor]], float], dict]:
-    """A training step of the original EAGLE-3 trainer's model, built from the checkout ``path`` (the
-    ``eagle/traineagle3`` directory or the repository root) for the same target weights and draft vocab
-    as ``head``: its forward (target + ``steps``-step unroll + losses), Σ 0.8**j loss_j (its main.py),
+    """A training step of the original EAGLE-3 trainer's model, built from ``reference`` = (its ``cnets``
+    module, its ``configs.EConfig``), imported from the user's checkout by ``scripts/bench_eagle3_train.py``
+    (`import_reference` there), for the same target weights and draft vocab as ``head``: its forward (target + ``steps``-step unroll + losses), Σ 0.8**j loss_j (its main.py),
     backward and AdamW. Returns (step, info) with info["target_logits_max_abs_diff"]: its target's
     logits against ``target``'s on a probe batch (the two trainers must train on the same function)."""
-    here = os.path.join(path, "eagle", "traineagle3")
-    path = here if os.path.isdir(here) else path
-    if not os.path.isfile(os.path.join(path, "cnets.py")):
-        raise FileNotFoundError(
-            f"--reference {path!r}: no cnets.py (give SafeAILab/EAGLE's eagle/traineagle3)"
-        )
-    sys.path.insert(0, path)  # the user's checkout: its cnets.py imports its own siblings (configs, ...)
-    import cnets  # the original trainer, imported (never copied) from where the user keeps it
-
-    from configs import EConfig
-
+    cnets, EConfig = reference
     _transformers5_shims(cnets)
     cfg = {k: v for k, v in target.config.to_dict().items() if k not in ("rope_scaling", "rope_parameters")}
     econf = EConfig(**cfg, draft_vocab_size=head.config.draft_vocab)
@@ -311,7 +300,7 @@ def reference_step(
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return step, {"target_logits_max_abs_diff": float(diff), "checkout": path}
+    return step, {"target_logits_max_abs_diff": float(diff), "checkout": os.path.dirname(cnets.__file__)}
 
 
 def interleave(
