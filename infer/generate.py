@@ -230,6 +230,7 @@ def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock
     ids = job.input_ids
     runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit)
     row = _Row(job, streamer)
+    proposer.plan(ids.shape[1] + job.limit)
     t0 = clock.tick()
     out = clock.verify(runner.prefill, ids)
     root = rule.first(out.logits[:, -1])[0]
