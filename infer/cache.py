@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import Cache, StaticLayer
 
 
 def _is_static(layer) -> bool:
-    from transformers.cache_utils import StaticLayer
-
     return isinstance(layer, StaticLayer)
 
 
@@ -166,3 +165,90 @@ class RaggedKV:
             return
         order = torch.sort(filled.to(torch.int8), dim=1, stable=True).indices[:, -width:]  # holes first
         self.take(0, order, self.pos.gather(1, order))
+
+
+class FilledStaticLayer(StaticLayer):
+    """transformers' ``StaticLayer`` (one preallocated buffer, written in place at its fill level) that
+    hands attention only the filled slots [B, H_kv, end, D] (views, no copy): the draft's attention
+    then costs O(filled), not O(capacity). ``end`` is the fill level kept on the host, so reading it
+    never syncs; `crop` resets it with ``cumulative_length``."""
+
+    def __init__(self, max_cache_len: int) -> None:
+        super().__init__(max_cache_len)
+        self.end = 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        self.end += key_states.shape[-2]
+        return keys[:, :, : self.end], values[:, :, : self.end]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        self.end -= abs(tokens_to_remove)
+
+
+class StaticDraftKV:
+    """The EAGLE draft layer's KV for batch size 1 with nothing padded: `RaggedKV`'s interface over a
+    preallocated `FilledStaticLayer` and one preallocated additive mask buffer.
+
+    ``buf`` [1, R, capacity] (R = max(mask_rows, the longest commit seen)) keeps one invariant between
+    calls: the committed columns (< ``slots``) are 0 (visible), every later column is ``finfo.min``.
+    A commit writes its causal block in place (`commit_mask`) and `extend` turns those columns visible;
+    a propose's tree block lives after ``slots`` (`tree_mask`) and `crop` resets it to ``finfo.min``
+    and the layer's fill level: the tree steps' KV is dropped by moving a length, not by a copy.
+    Capacity grows (doubling, one copy) only when a generation outgrows its plan.
+    """
+
+    def __init__(self, capacity: int, mask_rows: int, device: torch.device) -> None:
+        self.cache = Cache(layers=[FilledStaticLayer(capacity)])
+        self.capacity, self.rows, self.device = capacity, mask_rows, device
+        self.buf: Tensor | None = None  # allocated on first use, in the draft's dtype
+        self.slots = 0  # committed pairs (host)
+        self.tree_end = 0  # columns of the last propose's tree block (host)
+
+    def _reserve(self, rows: int, cols: int, dtype: torch.dtype) -> None:
+        """Grow the cache and the mask buffer to ``cols`` slots and ``rows`` mask rows if needed."""
+        if cols > self.capacity:
+            ensure_capacity(self.cache, cols)
+            self.capacity = self.cache.layers[0].max_cache_len
+        if self.buf is None or self.buf.dtype != dtype or rows > self.buf.shape[1] or cols > self.buf.shape[2]:
+            self.rows = max(self.rows, rows)
+            self.buf = torch.full((1, self.rows, self.capacity), torch.finfo(dtype).min, dtype=dtype,
+                                  device=self.device)  # fmt: skip
+            self.buf[:, :, : self.slots] = 0
+
+    def commit_mask(self, ok: Tensor, dtype: torch.dtype) -> Tensor:
+        """ok: [1, m] (all True) -> the additive mask [1, 1, m, slots + m] of m new pairs: the committed
+        prefix and themselves, causally (a view of the buffer)."""
+        m, C = ok.shape[1], self.slots
+        self._reserve(m, C + m, dtype)
+        causal = torch.ones(m, m, dtype=torch.bool, device=self.device).tril_()
+        self.buf[0, :m, C : C + m] = torch.zeros((), dtype=dtype, device=self.device).masked_fill(
+            ~causal, torch.finfo(dtype).min
+        )
+        return self.buf[:, None, :m, : C + m]
+
+    def extend(self, pos: Tensor) -> None:
+        """The m pairs just committed (positions ``pos`` [1, m], all >= 0) become prefix."""
+        m = pos.shape[1]
+        self.buf[:, :, self.slots : self.slots + m] = 0
+        self.slots += m
+
+    def tree_mask(self, queries: int, tree_cols: int, dtype: torch.dtype) -> Tensor:
+        """[1, queries, slots + tree_cols]: prefix visible, the tree block all ``finfo.min``, for the
+        caller to fill in place (a view of the buffer)."""
+        self._reserve(queries, self.slots + tree_cols, dtype)
+        self.tree_end = self.slots + tree_cols
+        return self.buf[:, :queries, : self.tree_end]
+
+    def crop(self, slots: int) -> None:
+        """Drop everything after ``slots`` (== the committed pairs): the tree block's mask and KV."""
+        if self.tree_end > slots:
+            self.buf[:, :, slots : self.tree_end] = torch.finfo(self.buf.dtype).min
+        self.tree_end = slots
+        extra = self.cache.layers[0].end - slots
+        if extra > 0:
+            self.cache.layers[0].crop(-extra)
+
+    def pack(self, longest: int | None = None, slack: int = 32) -> None:
+        """Nothing to close: one row, no holes."""

@@ -31,6 +31,10 @@ class Proposer:
 
     aux_layers: tuple[int, ...] = ()
 
+    def plan(self, max_len: int) -> None:
+        """Called before `start` with the longest sequence expected (prompt + new tokens), so that a
+        proposer with a cache can preallocate it; a no-op by default."""
+
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         raise NotImplementedError
 

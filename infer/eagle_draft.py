@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
-from infer.cache import RaggedKV
+from infer.cache import RaggedKV, StaticDraftKV
 from infer.draft import BatchProposer, Proposer, root_only_rows, row_of
 from infer.settings import DEFAULTS
 from infer.tree import DraftTree, structure_from_parents
@@ -83,10 +83,15 @@ class EagleProposer(Proposer):
         self.top_k = min(draft_top_k, n_vocab)
         self._const: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # `_constants`
         self._rows: BatchEagle | None = None  # the one-row batch this proposer drafts with
+        self.max_len = 0  # `plan`: prompt + new tokens expected, to size the static draft cache once
+
+    def plan(self, max_len: int) -> None:
+        self.max_len = max_len
 
     @property
     def cache(self):
-        """The draft layer's KV cache (a transformers ``DynamicCache``), None before `start`."""
+        """The draft layer's KV cache (a transformers ``Cache`` of one `infer.cache.FilledStaticLayer`),
+        None before `start`."""
         return self._rows.kv.cache if self._rows is not None else None
 
     def _target_feats(self, hidden: Tensor, aux: tuple[Tensor, ...]) -> Tensor:
@@ -111,7 +116,7 @@ class EagleProposer(Proposer):
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
         f_{T-1} waits for the root."""
-        self._rows = BatchEagle(self)
+        self._rows = BatchEagle(self, max_len=self.max_len)
         self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
@@ -137,6 +142,23 @@ def _additive(vis: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.masked_fill_(~vis, torch.finfo(dtype).min)[:, None]
 
 
+def _ragged_commit_mask(kv: RaggedKV, ok: Tensor, dtype: torch.dtype) -> Tensor:
+    """ok [B, m] (False: padding) -> [B, 1, m, slots + m]: the filled slots, then the new pairs causally
+    (a padding pair sees itself only)."""
+    m = ok.shape[1]
+    eye = torch.eye(m, dtype=torch.bool, device=ok.device)
+    causal = torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]
+    return _additive(torch.cat([kv.visible(m), causal], 2), dtype)
+
+
+def _ragged_tree_mask(kv: RaggedKV, queries: int, tree_cols: int, dtype: torch.dtype) -> Tensor:
+    """[B, queries, slots + tree_cols]: the filled slots visible, the tree block ``finfo.min``."""
+    B, C = kv.pos.shape[0], kv.slots
+    mask = torch.full((B, queries, C + tree_cols), torch.finfo(dtype).min, dtype=dtype, device=kv.pos.device)
+    mask[:, :, :C] = _additive(kv.visible(queries), dtype)[:, 0]
+    return mask
+
+
 class BatchEagle(BatchProposer):
     """`EagleProposer` for a batch: the same EAGLE-2 drafting, every row at once.
 
@@ -146,10 +168,11 @@ class BatchEagle(BatchProposer):
     own candidates; only the tree structure is built per row (`structure_from_parents` takes one tree).
     """
 
-    def __init__(self, single: EagleProposer) -> None:
+    def __init__(self, single: EagleProposer, max_len: int | None = None) -> None:
         self.single = single
         self.aux_layers = single.aux_layers
-        self.kv: RaggedKV | None = None
+        self.max_len = max_len  # not None: one row, unpadded, on a `StaticDraftKV` of about this size
+        self.kv: RaggedKV | StaticDraftKV | None = None
         self.pairs: Tensor | None = None  # [B] pairs committed per row (the next pair's position)
         self.pending_tokens: Tensor | None = None  # [B, M]
         self.pending_feats: Tensor | None = None  # [B, M, F]
@@ -161,8 +184,14 @@ class BatchEagle(BatchProposer):
         """Pair t = (x_{t+1}, f_t) for t < T-1, real iff token t is (left-aligned rows)."""
         feats = self.single._target_feats(out.hidden, out.aux)
         feats = feats.masked_fill(~valid[..., None], 0)  # padding's features are never read; keep them finite
-        B = prompt_ids.shape[0]
-        self.kv = RaggedKV(prompt_ids.new_empty(B, 0))
+        B, T = prompt_ids.shape
+        if self.max_len is None:
+            self.kv = RaggedKV(prompt_ids.new_empty(B, 0))
+        else:  # room for every pair of the generation plus one propose's tree block
+            s = self.single
+            tree = (s.depth - 1) * s.top_k
+            cap = max(self.max_len, T + 256) + tree
+            self.kv = StaticDraftKV(cap, max(s.top_k, s.depth + 2), prompt_ids.device)
         self.pairs = torch.zeros(B, dtype=torch.long, device=prompt_ids.device)
         self.pending_tokens, self.pending_feats = prompt_ids[:, 1:], feats[:, :-1]
         self.pending_ok = valid[:, :-1]
@@ -192,13 +221,14 @@ class BatchEagle(BatchProposer):
         toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m]
         feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
         ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
-        m = toks.shape[1]
         pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
-        eye = torch.eye(m, dtype=torch.bool, device=toks.device)
-        causal = torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]  # a padding pair sees itself only
-        vis = torch.cat([self.kv.visible(m), causal], 2)
-        out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0),
-                     attention_mask=_additive(vis, s.head.fc.weight.dtype), cache=self.kv.cache)  # fmt: skip
+        dtype = s.head.fc.weight.dtype
+        if isinstance(self.kv, StaticDraftKV):
+            mask = self.kv.commit_mask(ok, dtype)
+        else:
+            mask = _ragged_commit_mask(self.kv, ok, dtype)
+        out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0), attention_mask=mask,
+                     cache=self.kv.cache)  # fmt: skip
         self.kv.extend(torch.where(ok, pos, -1))
         self.pairs = self.pairs + ok.sum(1)
         self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
@@ -226,8 +256,10 @@ class BatchEagle(BatchProposer):
         f_cid = torch.arange(K, device=device).expand(B, K)
         f_tok, f_score, f_feat = top_tok, top.values, f_root[:, None].expand(-1, K, -1)
         C, root_pos = self.kv.slots, self.pairs - 1
-        mask = torch.full((B, K, C + (D - 1) * K), torch.finfo(dtype).min, dtype=dtype, device=device)
-        mask[:, :, :C] = _additive(self.kv.visible(K), dtype)[:, 0]
+        if isinstance(self.kv, StaticDraftKV):  # a view of its buffer, reset by `crop`
+            mask = self.kv.tree_mask(K, (D - 1) * K, dtype)
+        else:
+            mask = _ragged_tree_mask(self.kv, K, (D - 1) * K, dtype)
         for d in range(1, D):  # as `EagleProposer.propose`, with a row dimension
             hi = C + d * K
             mask[:, :, hi - K : hi] = eye

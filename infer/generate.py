@@ -197,9 +197,14 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     attention_mask_2d: Tensor | None = None,
     timing: bool = False,
+    compile: bool | str = False,
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
-    input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch."""
+    input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch.
+    ``compile``: batch size 1 runs its verify forward under ``torch.compile`` (`infer.runner.CompiledStep`;
+    True: inductor, a string: that dynamo backend); batches ignore it (masks and cache reshape per step)."""
+    if not isinstance(compile, bool | str):
+        raise ValueError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
     t_start = time.perf_counter()
     overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
                  "top_k": top_k, "top_p": top_p, "eos_token_id": eos_token_id}  # fmt: skip
@@ -216,7 +221,7 @@ def speculative_generate(
     elif job.batched:
         seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer)
     else:
-        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer)
+        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile)
     if streamer is not None:
         streamer.end()
     if timing:
@@ -225,11 +230,20 @@ def speculative_generate(
     return GenerateOutput(seq, stats)
 
 
-def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str):
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats)."""
     ids = job.input_ids
-    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit)
+    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
+    try:
+        return _loop_one(runner, proposer, job, rule, clock, streamer)
+    finally:
+        runner.close()
+
+
+def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+    ids = job.input_ids
     row = _Row(job, streamer)
+    proposer.plan(ids.shape[1] + job.limit)
     t0 = clock.tick()
     out = clock.verify(runner.prefill, ids)
     root = rule.first(out.logits[:, -1])[0]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from heads.graft import TargetOutput, run_target_lean
+from heads.graft import TargetOutput, _cache_kwarg, decoder_layers, num_layers, run_target_lean, unwrap_peft
 from infer.attention import (
     ATTN_IMPLEMENTATION,
     TreeMask,
@@ -44,6 +44,9 @@ class TreeRunner:
     (grown if a tree needs more), written in place, instead of a ``DynamicCache``.
     Sliding-window models keep a ``DynamicCache`` and the float masks of `infer.tree.attention_mask`,
     rebuilt per step.
+    compile: run the verify forward (the target's forward over the tree, with its hooks) under
+    ``torch.compile(dynamic=True)`` (`CompiledStep`; True: inductor, a string: that backend); the
+    prefill stays eager (it runs once).
     ``past`` is the number of tokens whose KV is in the cache.
     """
 
@@ -55,6 +58,7 @@ class TreeRunner:
         max_len: int = 0,
         tree_attention: bool = True,
         static: bool = True,
+        compile: bool | str = False,
     ) -> None:
         check_target(target)
         self.target = target
@@ -73,6 +77,7 @@ class TreeRunner:
                 self.static = static
                 if static:
                     self.cache = new_static_cache(target.config, max_len + TREE_SLOTS)
+        self.compiled = CompiledStep(target, self.aux_layers, self.cache, compile) if compile else None
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux
@@ -95,6 +100,8 @@ class TreeRunner:
             mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
         with switch or contextlib.nullcontext():
+            if self.compiled is not None:
+                return self.compiled(tree.tokens[None], mask, (self.past + tree.depth)[None])
             return run_target_lean(
                 self.target,
                 tree.tokens[None],
@@ -111,6 +118,59 @@ class TreeRunner:
         the rest of the tree's KV is dropped."""
         compact(self.cache, self.past, keep)
         self.past += keep.shape[0]
+
+    def close(self) -> None:
+        """Remove the compiled step's hooks from the target (a no-op without ``compile``)."""
+        if self.compiled is not None:
+            self.compiled.close()
+
+
+class CompiledStep:
+    """The verify forward under ``torch.compile(dynamic=True)``, with no graph break of its own.
+
+    `run_target_lean` registers its hooks per call, and registering a hook is a graph break (and a new
+    hook a recompile): here the hooks that catch the hidden states the proposer reads are registered
+    once, for the runner's life, and write into ``caught``; only the model's forward (attention, the
+    static cache's in-place writes, the hooks) is traced. ``close`` removes them.
+    Returns `TargetOutput` with logits [1, N+1, V], hidden and aux [1, N+1, H]."""
+
+    def __init__(self, target: nn.Module, aux_layers: Sequence[int], cache, backend: bool | str = True) -> None:
+        self.target, n = target, num_layers(target)
+        self.n, self.wanted = n, [i + n + 1 if i < 0 else i for i in aux_layers]
+        self.caught: dict[int, Tensor] = {}
+        inner = unwrap_peft(target)
+        self.handles = [inner.base_model.register_forward_hook(self._catch_output)]
+        layers = decoder_layers(inner) if any(i < n for i in self.wanted) else []
+        self.handles += [
+            layers[i].register_forward_pre_hook(self._catch_input(i), with_kwargs=True)
+            for i in sorted(set(self.wanted))
+            if i < n
+        ]
+        self.cache_kw = {_cache_kwarg(type(inner)): cache}
+        self.step = torch.compile(self._forward, dynamic=True, backend="inductor" if backend is True else backend)
+
+    def _catch_output(self, module, args, output) -> None:
+        self.caught[self.n] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    def _catch_input(self, i: int):
+        def hook(module, args, kwargs) -> None:
+            self.caught[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _forward(self, tokens: Tensor, mask, position_ids: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        out = self.target(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                          output_hidden_states=False, **self.cache_kw)  # fmt: skip
+        return out.logits, self.caught[self.n], tuple(self.caught[i] for i in self.wanted)
+
+    def __call__(self, tokens: Tensor, mask, position_ids: Tensor) -> TargetOutput:
+        logits, hidden, aux = self.step(tokens, mask, position_ids)
+        return TargetOutput(logits=logits, hidden=hidden, aux=aux)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
 
 class BatchRunner:

@@ -1,0 +1,25 @@
+"""Does compile= help on this CPU? infer.generate with and without torch.compile of the verify step
+(measured, never asserted).
+
+    python scripts/bench_compile.py --out results/compile [--calls 3] [--max-new-tokens 64] [--threads 1]
+
+See `infer.benchmark.compile_step` for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from heads.config import parse_cli
+from infer.benchmark.compile_step import BenchCompileOptions, bench_compile
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    return bench_compile(
+        parse_cli(BenchCompileOptions, argv, prog="bench_compile.py", description=__doc__.split("\n")[0]), argv
+    )
+
+
+if __name__ == "__main__":
+    main()
