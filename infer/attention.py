@@ -30,6 +30,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import sdpa_mask
+
+from heads.graft import unwrap_peft
 
 ATTN_IMPLEMENTATION = "selfspec_tree"
 # (mask, groups, tiled mask) of the last forward's masks (two: full and sliding layers), for all its layers
@@ -104,9 +108,6 @@ def tree_attention(
 def register() -> None:
     """Register `tree_attention` (and sdpa's mask builder for it, so prefills and sliding windows get
     the masks sdpa would get) with transformers. Idempotent."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
     if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTN_IMPLEMENTATION, tree_attention)
     if ATTN_IMPLEMENTATION not in AttentionMaskInterface._global_mapping:
@@ -115,8 +116,6 @@ def register() -> None:
 
 def wants_tree_attention(model: nn.Module) -> bool:
     """True for an ``sdpa`` target whose attention layers dispatch through ``AttentionInterface``."""
-    from heads.graft import unwrap_peft
-
     base = unwrap_peft(model)
     return base.config._attn_implementation == "sdpa" and bool(
         getattr(base, "_supports_attention_backend", False)
@@ -126,8 +125,6 @@ def wants_tree_attention(model: nn.Module) -> bool:
 @contextlib.contextmanager
 def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
     """Run ``model`` with ``config._attn_implementation = name`` (and its sub-configs) inside the block."""
-    from heads.graft import unwrap_peft
-
     cfg = unwrap_peft(model).config
     saved = cfg._attn_implementation
     cfg._attn_implementation = name

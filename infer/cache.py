@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, StaticLayer
 
 
@@ -51,8 +52,6 @@ def new_cache():
     tokens out of the window. The window is applied through the attention mask instead
     (`infer.tree.attention_mask`), which gives the same attention as the model's own sliding cache.
     """
-    from transformers import DynamicCache
-
     return DynamicCache()
 
 
@@ -62,8 +61,6 @@ def new_static_cache(config, max_len: int):
 
     Its layers return all ``max_len`` slots to attention; the verify mask covers only the filled ones
     and `infer.attention.tree_attention` attends to those alone."""
-    from transformers import StaticCache
-
     return StaticCache(config=config, max_cache_len=max_len)
 
 
@@ -211,7 +208,12 @@ class StaticDraftKV:
         if cols > self.capacity:
             ensure_capacity(self.cache, cols)
             self.capacity = self.cache.layers[0].max_cache_len
-        if self.buf is None or self.buf.dtype != dtype or rows > self.buf.shape[1] or cols > self.buf.shape[2]:
+        if (
+            self.buf is None
+            or self.buf.dtype != dtype
+            or rows > self.buf.shape[1]
+            or cols > self.buf.shape[2]
+        ):
             self.rows = max(self.rows, rows)
             self.buf = torch.full((1, self.rows, self.capacity), torch.finfo(dtype).min, dtype=dtype,
                                   device=self.device)  # fmt: skip

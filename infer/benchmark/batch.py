@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
 from heads import EagleHead, MedusaHeads, eagle_train_forward, run_target
@@ -226,8 +227,6 @@ def bench_batch(opts: BenchBatchOptions, argv: list[str]) -> dict:
     """``scripts/bench_batch.py``: train the heads, measure every cell, write and print the report."""
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = resolve_demo_target("demo-tiny")
     data_dir = opts.data or os.path.join(
         os.path.dirname(path), os.path.basename(path).replace("target", "data")

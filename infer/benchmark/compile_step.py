@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import AutoModelForCausalLM
 
 import infer
 from heads import MedusaHeads
@@ -49,7 +50,9 @@ def graph_breaks(target, prompt: torch.Tensor) -> dict:
     try:
         mask = runner.mask(torch.ones(4, 4, dtype=torch.bool).tril(), runner.past)
         with attention_implementation(target, ATTN_IMPLEMENTATION):
-            ex = torch._dynamo.explain(step._forward)(prompt[:, :4], mask, runner.past + torch.arange(4)[None])
+            ex = torch._dynamo.explain(step._forward)(
+                prompt[:, :4], mask, runner.past + torch.arange(4)[None]
+            )
     finally:
         step.close()
     return {"graphs": ex.graph_count, "breaks": ex.graph_break_count,
@@ -58,8 +61,6 @@ def graph_breaks(target, prompt: torch.Tensor) -> dict:
 
 def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
     torch.set_num_threads(opts.threads)
-    from transformers import AutoModelForCausalLM
-
     path = resolve_demo_target("demo-tiny")
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     target.generation_config.eos_token_id = None
@@ -71,7 +72,9 @@ def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
     for compile in (False, True):
         for i in range(opts.calls):
             t = time.perf_counter()
-            out = infer.generate(spec, prompt, max_new_tokens=opts.max_new_tokens, do_sample=False, compile=compile)
+            out = infer.generate(
+                spec, prompt, max_new_tokens=opts.max_new_tokens, do_sample=False, compile=compile
+            )
             s = time.perf_counter() - t
             rows.append({"compile": compile, "call": i, "seconds": s, "tokens_per_s": opts.max_new_tokens / s,
                          "identical": bool(torch.equal(out.sequences, ref))})  # fmt: skip

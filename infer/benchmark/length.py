@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
 from heads.graft import resolve_demo_target
@@ -132,11 +133,19 @@ def measure(opts: BenchLengthOptions, target, specs: dict, prompts: dict) -> lis
             identical = bool(torch.equal(seqs["infer.generate"][0], seqs["target.generate"][0, : T + n_spec]))
             if not identical:
                 print(f"MISMATCH: {name} {pname}: infer.generate differs from target.generate")
-            cell = {"heads": name, "prompt": pname, "prompt_len": T, "new_tokens": n_spec, "identical": identical}
+            cell = {
+                "heads": name,
+                "prompt": pname,
+                "prompt_len": T,
+                "new_tokens": n_spec,
+                "identical": identical,
+            }
             for way, all_marks in runs.items():
                 per = [tokens_per_s(m, lengths) for m in all_marks]
                 cell[way] = {
-                    "tokens_per_s": {L: statistics.median(p[L] for p in per) for L in lengths if all(L in p for p in per)},
+                    "tokens_per_s": {
+                        L: statistics.median(p[L] for p in per) for L in lengths if all(L in p for p in per)
+                    },
                     "steps": step_times(all_marks[-1], T),
                 }
             tps_s, tps_t = cell["infer.generate"]["tokens_per_s"], cell["target.generate"]["tokens_per_s"]
@@ -206,8 +215,6 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
         raise SystemExit(f"unknown --heads {unknown}: choose from {sorted(trainers)}")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = resolve_demo_target(opts.target)
     data_dir = os.path.join(os.path.dirname(path), os.path.basename(path).replace("target", "data"))
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
@@ -225,7 +232,9 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
     cells = measure(opts, target, specs, prompts)
     for c in cells:  # the done-when: speedup near the end of the context over that at 256 tokens
         end = max(c["speedup"])
-        c["end_over_256"] = c["speedup"][end] / c["speedup"][256] if 256 in c["speedup"] and end > 256 else None
+        c["end_over_256"] = (
+            c["speedup"][end] / c["speedup"][256] if 256 in c["speedup"] and end > 256 else None
+        )
     report = {
         "command": "python scripts/bench_length.py " + " ".join(argv),
         "machine": machine(),
