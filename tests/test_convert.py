@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -580,8 +579,7 @@ def test_eagle_import_needs_the_target(tmp_path):
 
 
 def test_export_cli(tmp_path, capsys):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import export_heads as cli
+    from heads import engine_export as cli  # what scripts/export_heads.py runs
 
     m = target()
     m.save_pretrained(tmp_path / "target")
@@ -723,8 +721,7 @@ def test_gemma_eagle3_input_norm_cancels_the_scale_up_to_eps():
 
 def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
     """Gemma EAGLE-1 heads without embed_scale: the CLI loads the target for it, and the fc is the fold."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
-    import export_heads as cli
+    from heads import engine_export as cli  # what scripts/export_heads.py runs
 
     target("gemma2").save_pretrained(tmp_path / "target")
     head = gemma_eagle()
