@@ -1,6 +1,5 @@
 """Batched speculative decoding against one-by-one and plain decoding (what ``scripts/bench_batch.py`` runs).
 
-
     python scripts/bench_batch.py --out results/batch [--batches 1 4 8] [--max-new-tokens 64]
         [--repeats 3] [--threads 1] [--heads medusa eagle] [--train-steps 300]
 
