@@ -92,3 +92,45 @@ def test_medusa_run_logs_measured_tau_both_accuracies_and_reports_them(tiny_targ
     card = open(os.path.join(out, "README.md")).read()
     assert f"Measured acceptance length τ = {results['measured_accept_length']:.3f}" in card
     assert "top-1 vs target" in card and "top-1 vs data" in card
+
+
+def test_measured_tau_on_a_prompt_file_reads_its_rows_after_skip(tiny_target, tiny_data, tmp_path):
+    """``eval.measured_tau_prompts_file`` (issue 17 #3): the logged τ is measured on the prompts the
+    benchmark reads (a prompts JSONL, whole rows), skipping its first rows; a missing file fails at setup."""
+    from transformers import AutoTokenizer
+
+    from train import train_heads
+    from train.config import load_config
+
+    texts = [
+        "def alpha(x):\n    return",
+        "def beta(y):\n    y = y + 1",
+        "class Gamma:\n    def",
+        "import os\n",
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = str(tmp_path / "run")
+    base = _overrides(tiny_target, tiny_data, out, **{"train.max_steps": 2, "train.eval_every": 2})
+    tau = [
+        "eval.measured_tau_prompts=2",
+        "eval.measured_tau_new_tokens=8",
+        "eval.measured_tau_prompts_skip=1",
+    ]
+    run = train_heads.start(load_config(None, base + tau + [f"eval.measured_tau_prompts_file={path}"]))
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    assert [p.tolist() for p in run.tau_prompts] == [
+        tok(t, return_tensors="pt").input_ids.tolist() for t in texts[1:3]
+    ]
+    measured = train_heads.measure_tau(run)
+    assert measured["measured_tau"]["prompts"] == 2
+    assert measured["measured_tau"]["prompt_source"].startswith("prompts.jsonl rows 1 on")
+    train_heads.finish(run)
+
+    missing = (
+        base
+        + tau
+        + [f"eval.measured_tau_prompts_file={tmp_path / 'nope.jsonl'}", f"output_dir={tmp_path}/r2"]
+    )
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        train_heads.start(load_config(None, missing))

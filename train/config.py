@@ -210,15 +210,23 @@ class EvalConfig:
     `infer.generate` with the heads' default tree (EAGLE: the dynamic-tree defaults) on the first
     ``measured_tau_prompts`` held-out rows. A chat row's prompt is its conversation up to the first
     assistant answer (the tokens before its first training label); a text row's is its first
-    ``measured_tau_prompt_tokens`` tokens. Not run for Medusa-2 joint training (its target is trained)."""
+    ``measured_tau_prompt_tokens`` tokens. Not run for Medusa-2 joint training (its target is trained).
+
+    ``measured_tau_prompts_file`` measures on a prompt file instead, read as ``scripts/benchmark.py
+    --prompts`` reads one (whole text rows; chat rows up to the generation prompt), so the logged τ is the
+    one the benchmark will see on prompts of that kind. The benchmark reads a file's first rows: skip them
+    (``measured_tau_prompts_skip``) and checkpoint selection never sees the benchmark's own prompts."""
 
     measured_tau_prompts: int = 4  # 0 = off (the best heads are then chosen by the simulated τ)
-    measured_tau_new_tokens: int = 32  # tokens generated per prompt (kept short: it runs at every eval)
+    measured_tau_new_tokens: int = 32  # tokens generated per prompt (short prompts give a low τ: see above)
     measured_tau_prompt_tokens: int = 32  # prompt length taken from a text row (chat rows: see above)
+    # JSONL prompts (text / chat rows); demo / demo-tiny = the demo's held-out prompts; null = the eval rows
+    measured_tau_prompts_file: str | None = None
+    measured_tau_prompts_skip: int = 0  # rows of measured_tau_prompts_file skipped at its start
 
     def __post_init__(self) -> None:
         for name, low in (("measured_tau_prompts", 0), ("measured_tau_new_tokens", 1),
-                          ("measured_tau_prompt_tokens", 1)):  # fmt: skip
+                          ("measured_tau_prompt_tokens", 1), ("measured_tau_prompts_skip", 0)):  # fmt: skip
             if getattr(self, name) < low:
                 raise ValueError(f"eval.{name} must be >= {low}, got {getattr(self, name)}")
 
@@ -382,11 +390,14 @@ def resolve_demo(cfg: RunConfig, cache: str | None = None) -> RunConfig:
     Returns a new `RunConfig`; ``cfg`` is not modified. Call it on the main process first (building the
     demo target takes a while and writes to a shared cache).
     """
-    target, data = cfg.target, cfg.data
+    target, data, ev = cfg.target, cfg.data, cfg.eval
     path = demo.resolve(target.name_or_path, cache=cache)
     if path != target.name_or_path:
         target = dataclasses.replace(target, name_or_path=path)
     files = demo.resolve_data(data.path, cache=cache)
     if files is not None:
         data = dataclasses.replace(data, path=files["train"], eval_path=data.eval_path or files["eval"])
-    return dataclasses.replace(cfg, target=target, data=data)
+    prompts = demo.resolve_data(ev.measured_tau_prompts_file or "", cache=cache)
+    if prompts is not None:
+        ev = dataclasses.replace(ev, measured_tau_prompts_file=prompts["prompts"])
+    return dataclasses.replace(cfg, target=target, data=data, eval=ev)

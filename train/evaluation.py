@@ -17,6 +17,7 @@ length`` runs the real tree drafting and verification (`measure_tau`).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -213,6 +214,17 @@ def _draft_settings(model) -> str:
     return f"the heads' default static tree ({len(tree)} nodes)" if tree is not None else "the default tree"
 
 
+def _prompt_source(run) -> str:
+    ecfg = run.cfg.eval
+    if run.tau_prompts is not None:
+        name = os.path.basename(ecfg.measured_tau_prompts_file)
+        return f"{name} rows {ecfg.measured_tau_prompts_skip} on (whole text rows; chat: up to the answer)"
+    return (
+        "the first held-out rows (chat: up to the first assistant answer; text: "
+        f"the first {ecfg.measured_tau_prompt_tokens} tokens)"
+    )
+
+
 def measure_tau(run) -> dict[str, Any] | None:
     """The measured acceptance length τ: greedy `infer.generate` with the current heads on the first
     ``eval.measured_tau_prompts`` held-out prompts (`eval_prompts`), pooled as Σ accepted tokens / Σ verify
@@ -242,9 +254,11 @@ def measure_tau(run) -> dict[str, Any] | None:
             p = next(run.target.parameters())
             model = infer.SpecModel(run.target, heads.to(device=p.device, dtype=p.dtype).eval())
             settings = _draft_settings(model)
-            prompts = eval_prompts(
-                run.eval_dl.dataset, ecfg.measured_tau_prompts, ecfg.measured_tau_prompt_tokens
-            )
+            prompts = run.tau_prompts
+            if prompts is None:
+                prompts = eval_prompts(
+                    run.eval_dl.dataset, ecfg.measured_tau_prompts, ecfg.measured_tau_prompt_tokens
+                )
             ctx = context_length(run.target.config) or 1 << 30
             for ids in prompts:
                 new_tokens = min(ecfg.measured_tau_new_tokens, ctx - ids.shape[1])  # a short context caps it
@@ -263,8 +277,7 @@ def measure_tau(run) -> dict[str, Any] | None:
             "max_new_tokens": ecfg.measured_tau_new_tokens,  # fewer where prompt + this exceeds the context
             "decoding": "greedy",
             "tree": settings or "see the main process's log",
-            "prompt_source": "the first held-out rows (chat: up to the first assistant answer; text: "
-            f"the first {ecfg.measured_tau_prompt_tokens} tokens)",
+            "prompt_source": _prompt_source(run),
         },
         "_seconds": time.time() - t0,  # printed, not logged: timings are not part of the run's results
     }

@@ -25,6 +25,7 @@ from heads.base import ADAPTER_DIR
 from heads.eagle3 import build_vocab_map, count_tokens
 from heads.graft import load_target, looks_local, num_layers
 from heads.hub import resolve_token
+from infer.prompts import load_prompts
 from train import checkpoint as ckpt
 from train import data as train_data  # called through the module: tests replace build_datasets
 from train.config import RunConfig, resolve_demo
@@ -174,6 +175,19 @@ def _describe(run: Run, n_heads: int, n_train: int, n_eval: int, plugin) -> str:
     )
 
 
+def _tau_prompts(cfg: RunConfig, tokenizer) -> list | None:
+    """`eval.measured_tau_prompts_file` (demo names already resolved) read as the benchmark reads a prompt
+    file: rows ``skip .. skip + measured_tau_prompts - 1``, whole text rows, chat rows up to the generation
+    prompt. None when the eval rows give the prompts (no file, or measured τ off)."""
+    ev = cfg.eval
+    if ev.measured_tau_prompts_file is None or ev.measured_tau_prompts == 0:
+        return None
+    return load_prompts(
+        os.path.expanduser(ev.measured_tau_prompts_file), tokenizer, ev.measured_tau_prompts,
+        max_tokens=None, skip=ev.measured_tau_prompts_skip, need_answer=False,
+    )  # fmt: skip
+
+
 def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
     """Build and check everything before the first step: target, tokenizer, data, heads, optimizer.
     ``features``: a `train.features.dump` directory to train from. ``accelerator``: the one
@@ -189,6 +203,7 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
     cfg, tokenizer, token_ds, eval_ds = main_process_first(
         accelerator, lambda: load_inputs(cfg, accelerator.is_main_process)
     )
+    tau_prompts = _tau_prompts(cfg, tokenizer)  # a bad prompt file fails here, before the target loads
     train_ds = token_ds if feature_ds is None else feature_ds  # token_ds: EAGLE-3 counts its vocab on it
     if len(train_ds) != len(token_ds):
         raise ValueError(
@@ -228,6 +243,7 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
         head_config=accelerator.unwrap_model(heads).config, optimizer=optimizer,
         scheduler=get_cosine_schedule_with_warmup(adamw, warmup, total_steps), train_dl=train_dl,
         eval_dl=eval_dl, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+        tau_prompts=tau_prompts,
     )  # fmt: skip
     run.print(_describe(run, sum(p.numel() for p in trainable), len(train_ds), len(eval_ds), plugin))
     return run

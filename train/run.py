@@ -64,6 +64,8 @@ class Run:
     # The best τ seen in eval (measured, else simulated: `run_eval`) and its step: `save_final` keeps those.
     best_accept_length: float = -math.inf
     best_step: int | None = None
+    # `eval.measured_tau_prompts_file`'s prompts [1, T] each, read at setup (None: the eval rows' prompts)
+    tau_prompts: list | None = None
     last_eval: dict[str, Any] | None = None  # the latest eval and its step (cards of pushed checkpoints)
     # The run's identity: the config as given (demo names unresolved) less the keys a resume may change
     # (`train.checkpoint.flat_config`); every checkpoint carries it. None = computed from ``cfg``.
