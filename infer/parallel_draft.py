@@ -33,10 +33,14 @@ class ParallelProposer(EagleProposer):
     total_tokens shape the tree as for EAGLE-2. One row only (``batched`` refuses).
     """
 
-    def __init__(self, head, embed, lm_head, depth: int = 6, draft_top_k: int = 8, total_tokens: int = 48) -> None:
+    def __init__(
+        self, head, embed, lm_head, depth: int = 6, draft_top_k: int = 8, total_tokens: int = 48
+    ) -> None:
         K = int(getattr(head.config, "parallel_draft", 0) or 0)
         if K < 2:
-            raise ValueError("ParallelProposer needs EAGLE-3 heads trained with heads.options.parallel_draft >= 2")
+            raise ValueError(
+                "ParallelProposer needs EAGLE-3 heads trained with heads.options.parallel_draft >= 2"
+            )
         super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens)
 
     def start(self, prompt_ids: Tensor, out) -> None:
@@ -47,7 +51,9 @@ class ParallelProposer(EagleProposer):
         return row_of(self._rows.propose(root.view(1), max_depth))
 
     def batched(self):
-        raise NotImplementedError("parallel (P-EAGLE) drafting runs one row at a time; generate one prompt per call")
+        raise NotImplementedError(
+            "parallel (P-EAGLE) drafting runs one row at a time; generate one prompt per call"
+        )
 
 
 class BatchParallel(BatchEagle):
@@ -70,7 +76,11 @@ class BatchParallel(BatchEagle):
         kv.tree_end = kv.slots + slots  # the placeholders' mask columns, reset (and their KV dropped) by crop
         kv.crop(kv.slots)
         self.pairs = self.pairs + m
-        self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], self.pending_ok[:, :0]
+        self.pending_tokens, self.pending_feats, self.pending_ok = (
+            toks[:, :0],
+            feats[:, :0],
+            self.pending_ok[:, :0],
+        )
         self.commits += 1
         return out[:, m - 1 :]
 
@@ -79,7 +89,9 @@ class BatchParallel(BatchEagle):
         s, K = self.single, self.single.top_k
         D = min(s.depth, max_depth)
         if D <= 0:  # nothing to draft: keep the root pair for later
-            self._pend(root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None])
+            self._pend(
+                root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None]
+            )
             return root_only_rows(root)
         outs = self._commit_with_slots(root, D - 1)  # [1, D, H]
         logp = torch.log_softmax(s.head.logits(outs, s.lm_head), -1)[0]  # [D, Vd]
