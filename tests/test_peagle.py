@@ -13,7 +13,7 @@ import pytest
 import test_train
 import torch
 from test_distribution import check_eagle_law, small_target  # noqa: F401 (small_target: a fixture)
-from test_eagle3 import reference_greedy, self_generated, target, trained_head
+from test_eagle3 import node_paths, reference_greedy, self_generated, target, trained_head
 from test_eagle31 import make_head, training_logits
 from test_train_eagle import _eagle_overrides, _greedy_identity
 from transformers import DynamicCache
@@ -148,13 +148,6 @@ def reference_parallel_tree(
     return {p for _, p in sorted(cands, key=lambda c: -c[0])[: total - 1]}
 
 
-def node_paths(tree) -> set[tuple[int, ...]]:
-    paths: dict[int, tuple[int, ...]] = {0: ()}
-    for i in range(1, tree.num_nodes):
-        paths[i] = (*paths[int(tree.parents[i])], int(tree.tokens[i]))
-    return {p for i, p in paths.items() if i}
-
-
 def test_tree_and_exact_cache_across_steps():
     """The proposer's tree equals the brute-force tree before and after an `advance`; the draft cache then
     holds exactly the real pairs (no placeholder state survives a step), so the second tree is the one a
@@ -201,7 +194,8 @@ def test_greedy_identity_trained_heads_accept_deep(arch):
     (slot 1 onwards learns slowly on the random target's text: top-1 0.36 / 0.12 / 0.10 / 0.08 on llama)."""
     m = target(arch)
     head, hist = trained_head(arch, parallel=K)
-    assert all(float(hist[-1]["top1"][j]) > float(hist[0]["top1"][j]) + 0.05 for j in range(K)), hist[-1]["top1"]
+    first, last = hist[0]["top1"], hist[-1]["top1"]
+    assert all(float(last[j]) > float(first[j]) + 0.05 for j in range(K)), last
     model = infer.SpecModel(m, head)
     taus, longest = [], 0
     for seed, kw in ((100, {}), (101, {"draft_top_k": 1, "total_tokens": K + 1})):
