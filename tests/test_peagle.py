@@ -49,6 +49,8 @@ def test_config_and_save_load(tmp_path):
     only when it is on, are saved in the safetensors and reload exactly."""
     assert Eagle3Config().parallel_draft == 0 and Eagle3Config().unroll_steps == 7
     assert Eagle3Config(parallel_draft=3, ttt_steps=7).unroll_steps == 3
+    saved = {k: v for k, v in Eagle3Config(parallel_draft=3).to_dict().items() if k != "parallel_draft"}
+    assert Eagle3Config.from_dict(saved).parallel_draft == 0  # heads saved before the option
     for bad in (1, 33, -1, True, 2.0, "4"):
         with pytest.raises(ValueError, match="parallel_draft must be 0"):
             Eagle3Config(parallel_draft=bad)
