@@ -22,7 +22,7 @@ from torch import Tensor
 
 from infer.cache import StaticDraftKV
 from infer.draft import root_only_rows, row_of
-from infer.eagle_draft import BatchEagle, EagleProposer
+from infer.eagle_draft import BatchEagle, EagleProposer, _ragged_commit_mask
 from infer.tree import DraftTree
 
 
@@ -30,7 +30,7 @@ class ParallelProposer(EagleProposer):
     """`EagleProposer`'s interface for P-EAGLE heads: one draft forward per step (module docstring).
 
     depth is clamped to the head's ``parallel_draft`` (the slots it was trained for); draft_top_k and
-    total_tokens shape the tree as for EAGLE-2. One row only (``batched`` refuses).
+    total_tokens shape the tree as for EAGLE-2. ``batched`` gives the same drafting for a batch.
     """
 
     def __init__(
@@ -50,60 +50,65 @@ class ParallelProposer(EagleProposer):
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         return row_of(self._rows.propose(root.view(1), max_depth))
 
-    def batched(self):
-        raise NotImplementedError(
-            "parallel (P-EAGLE) drafting runs one row at a time; generate one prompt per call"
-        )
+    def batched(self) -> BatchParallel:
+        return BatchParallel(self)
 
 
 class BatchParallel(BatchEagle):
-    """The one-row draft state of `ParallelProposer` (a `StaticDraftKV`; pending pairs as `BatchEagle`)."""
+    """`ParallelProposer`'s drafting for a batch (a `RaggedKV`) or one row (a `StaticDraftKV`); the
+    pending pairs as `BatchEagle`'s."""
 
     def _commit_with_slots(self, root: Tensor, slots: int) -> Tensor:
-        """One draft forward over the pending pairs, the root pair and ``slots`` placeholders -> the
-        outputs at the root and the placeholders [1, slots + 1, H]; only the real pairs stay in the cache."""
+        """One draft forward over every row's pending pairs, its root pair and ``slots`` placeholders ->
+        the outputs at the root and the placeholders [B, slots + 1, H]; only the real pairs stay cached."""
         s, kv = self.single, self.kv
-        assert isinstance(kv, StaticDraftKV) and root.shape[0] == 1
-        toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [1, m]
+        B, device = root.shape[0], root.device
+        toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m], the root last in every row
         feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
+        ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
         m = toks.shape[1]
-        pos = self.pairs[:, None] + torch.arange(m + slots, device=root.device)  # roots at pairs + m - 1
+        pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
+        slot_pos = pos[:, -1:] + torch.arange(1, slots + 1, device=device)  # after the root: depths 2..
+        all_ok = torch.cat([ok, torch.ones(B, slots, dtype=torch.bool, device=device)], 1)
         dtype = s.head.fc.weight.dtype
-        mask = kv.commit_mask(torch.ones(1, m + slots, dtype=torch.bool, device=root.device), dtype)
-        out = s.head(toks, feats, s.embed, position_ids=pos, attention_mask=mask, cache=kv.cache,
-                     placeholders=slots)  # fmt: skip
-        kv.extend(pos[:, :m])
-        kv.tree_end = kv.slots + slots  # the placeholders' mask columns, reset (and their KV dropped) by crop
+        if isinstance(kv, StaticDraftKV):
+            mask = kv.commit_mask(all_ok, dtype)
+        else:
+            mask = _ragged_commit_mask(kv, all_ok, dtype)
+        out = s.head(toks, feats, s.embed, position_ids=torch.cat([pos.clamp(min=0), slot_pos], 1),
+                     attention_mask=mask, cache=kv.cache, placeholders=slots)  # fmt: skip
+        kv.extend(torch.where(ok, pos, -1))
+        if isinstance(
+            kv, StaticDraftKV
+        ):  # its placeholder mask columns are reset (and their KV dropped) by crop
+            kv.tree_end = kv.slots + slots
         kv.crop(kv.slots)
-        self.pairs = self.pairs + m
-        self.pending_tokens, self.pending_feats, self.pending_ok = (
-            toks[:, :0],
-            feats[:, :0],
-            self.pending_ok[:, :0],
-        )
+        self.pairs = self.pairs + ok.sum(1)
+        self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
         self.commits += 1
+        if B > 1 and self.commits % 8 == 0:  # as BatchEagle: close the padding holes now and then
+            kv.pack()
         return out[:, m - 1 :]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
-        """root: [1] -> a batch of one `DraftTree` of depth <= min(depth, max_depth) (module docstring)."""
-        s, K = self.single, self.single.top_k
+        """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth) (module docstring)."""
+        s, K, B = self.single, self.single.top_k, root.shape[0]
         D = min(s.depth, max_depth)
         if D <= 0:  # nothing to draft: keep the root pair for later
             self._pend(
                 root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None]
             )
             return root_only_rows(root)
-        outs = self._commit_with_slots(root, D - 1)  # [1, D, H]
-        logp = torch.log_softmax(s.head.logits(outs, s.lm_head), -1)[0]  # [D, Vd]
-        top = logp.topk(K, dim=-1)  # the children every node of depth d gets: top.values/indices[d]
-        kid_tok = s._target_ids(top.indices)  # [D, K]
+        outs = self._commit_with_slots(root, D - 1)  # [B, D, H]
+        top = torch.log_softmax(s.head.logits(outs, s.lm_head), -1).topk(K, dim=-1)  # [B, D, K]
+        kid_tok = s._target_ids(top.indices)  # every node of depth d gets the children kid_tok[:, d]
         device = root.device
-        cand_tok, cand_score = [kid_tok[0][None]], [top.values[0][None]]
-        cand_parent = [torch.full((1, K), -1, dtype=torch.long, device=device)]
-        f_cid, f_score, n_cand = torch.arange(K, device=device)[None], top.values[0][None], K
+        cand_tok, cand_score = [kid_tok[:, 0]], [top.values[:, 0]]
+        cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=device)]
+        f_cid, f_score, n_cand = torch.arange(K, device=device).expand(B, K), top.values[:, 0], K
         for d in range(1, D):  # depth d+1: the frontier's K nodes x the K children of p_{d+1}
-            scores = (f_score[:, :, None] + top.values[d][None, None]).reshape(1, -1)  # [1, K*K]
-            cand_tok.append(kid_tok[d].repeat(K)[None])
+            scores = (f_score[:, :, None] + top.values[:, d, None, :]).reshape(B, -1)  # [B, K*K]
+            cand_tok.append(kid_tok[:, d].repeat(1, K))
             cand_score.append(scores)
             cand_parent.append(f_cid.repeat_interleave(K, dim=1))
             n_cand += K * K

@@ -1,7 +1,7 @@
 """P-EAGLE parallel drafting (``heads.options.parallel_draft``, issue 16 item 3): the option and its saved
 placeholders, training's slot j = the proposer's depth j+1 logits token by token, the one-forward proposer
 (its tree, its exact draft cache), greedy identity with target.generate with random and trained heads (deep
-paths accepted), exact sampling (chi-square), the real train loop, and the export refusal. Tiny random
+paths accepted), batches, exact sampling (chi-square), the real train loop, and the export refusal. Tiny random
 targets (conftest), seeded, fp32.
 """
 
@@ -12,6 +12,7 @@ import json
 import pytest
 import test_train
 import torch
+from test_batch import check_rows, diverged, extra_prompt, padded
 from test_distribution import check_eagle_law, small_target  # noqa: F401 (small_target: a fixture)
 from test_eagle3 import node_paths, reference_greedy, self_generated, target, trained_head
 from test_eagle31 import make_head, training_logits
@@ -171,8 +172,6 @@ def test_tree_and_exact_cache_across_steps():
         tree = prop.propose(seq[T + 3], max_depth=100)
         assert prop.cache.get_seq_length() == T + 3
         assert node_paths(tree) == reference_parallel_tree(head, m, seq, T + 3, top_k, total)
-    with pytest.raises(NotImplementedError, match="one row"):
-        prop.batched()
     with pytest.raises(ValueError, match="parallel_draft"):
         ParallelProposer(Eagle3Head.for_target(m), m.get_input_embeddings(), m.get_output_embeddings())
 
@@ -210,14 +209,35 @@ def test_greedy_identity_trained_heads_accept_deep(arch):
     assert longest >= 3, longest  # a placeholder slot's draft (depth >= 2) accepted, not only the root's
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batch_greedy_identity_trained_heads(side):
+    """A batch of 4 prompts of different lengths (padded on ``side``) through `BatchParallel` on a
+    `RaggedKV`: every row equals target.generate of its prompt alone, rows accept different amounts."""
+    m = target("llama")
+    head, _ = trained_head("llama", parallel=K)
+    seeded = [torch.randint(3, V, (6,), generator=torch.Generator().manual_seed(i)) for i in (100, 101)]
+    rows = [*seeded, extra_prompt(9, 5), extra_prompt(4, 6)]  # the first two: the single-row tests' prompts
+    ids, mask = padded(rows, side)
+    model = infer.SpecModel(m, head)
+    longest = 0
+    for kw in ({}, {"draft_top_k": 1, "total_tokens": K + 1}):
+        out = infer.generate(model, ids, attention_mask=mask, max_new_tokens=30, **kw)
+        check_rows(m, out, rows, ids, 30)
+        assert diverged(out)
+        longest = max(longest, *out.stats.accepted_lengths)
+    assert longest >= 3, longest  # placeholder slots' drafts accepted
+
+
 @pytest.mark.slow
-def test_exact_sampling_law(small_target):  # noqa: F811
+@pytest.mark.parametrize("batch", [1, 4])
+def test_exact_sampling_law(small_target, batch):  # noqa: F811
     """Exact rejection sampling through parallel-draft heads follows the target's law (chi-square, 4000
-    samples, T = 0.6 + top-k 3 + top-p 0.9), drafts accepted: `test_distribution.check_eagle_law`."""
+    samples, T = 0.6 + top-k 3 + top-p 0.9), drafts accepted, one row or 4 per call:
+    `test_distribution.check_eagle_law`."""
     torch.manual_seed(0)
     heads = Eagle3Head.for_target(small_target, parallel_draft=3).eval()
     assert isinstance(infer.SpecModel(small_target, heads).proposer(), ParallelProposer)
-    check_eagle_law(small_target, heads, "eagle3")
+    check_eagle_law(small_target, heads, "eagle3", batch=batch)
 
 
 def test_train_loop_with_the_option(tiny_target, tiny_data, tmp_path):
