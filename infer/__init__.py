@@ -23,6 +23,7 @@ from heads.guard import check_sizes
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.parallel_draft import ParallelProposer
 from infer.settings import InferSettings, check_paths, check_tree_budget, read_settings
 from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
@@ -45,9 +46,10 @@ PROPOSERS: dict[str, Callable[[nn.Module, nn.Module, dict], Proposer]] = {
     "static_tree": lambda heads, target, shape: MedusaProposer(
         heads, target.get_output_embeddings(), shape["tree"]
     ),
-    "eagle": lambda heads, target, shape: EagleProposer(
-        heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape
-    ),
+    # heads trained for parallel drafting (EAGLE-3's parallel_draft > 0) draft all depths in one forward
+    "eagle": lambda heads, target, shape: (
+        ParallelProposer if getattr(heads.config, "parallel_draft", 0) else EagleProposer
+    )(heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape),
 }
 
 

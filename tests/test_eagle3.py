@@ -479,13 +479,15 @@ def self_generated(arch: str, n: int = 16, T: int = 48, seed: int = 0) -> torch.
 
 
 @functools.cache
-def trained_head(arch: str, steps: int = 50, ttt_steps: int = 4, eagle31: bool = False):
+def trained_head(arch: str, steps: int = 50, ttt_steps: int = 4, eagle31: bool = False, parallel: int = 0):
     """A head (draft vocab 64 of 96, map from the data) trained ``steps`` Adam steps on the target's own
-    greedy text (``eagle31``: with EAGLE-3.1's fc_norm and norm_output); returns (head, per-step metrics)."""
+    greedy text (``eagle31``: with EAGLE-3.1's fc_norm and norm_output; ``parallel``: P-EAGLE's
+    parallel_draft slots); returns (head, per-step metrics)."""
     m = target(arch)
     seqs = self_generated(arch)
     ones = torch.ones_like(seqs)
     opts = {"fc_norm": True, "norm_output": True} if eagle31 else {}
+    opts |= {"parallel_draft": parallel} if parallel else {}
     head = fresh_head(arch, seed=0, draft_vocab_size=VD, ttt_steps=ttt_steps, **opts)
     head.set_vocab_map(*build_vocab_map(count_tokens(seqs, ones, V), VD))
     out = aux_out(arch, seqs, head)

@@ -17,6 +17,16 @@ the draft's output is its post-norm state h_k = norm(o_k): the logits are lm_hea
 what the next step (TTT step or tree depth) is fed. The head's ``forward`` returns h under
 ``norm_output`` and ``logits`` skips the norm, so the proposer's calls stay the same.
 
+**P-EAGLE** (``parallel_draft: K``, 0 = off; parallel drafting as in the P-EAGLE write-up and vLLM's
+parallel token drafting): one draft forward proposes K depths. After the root pair (x_{k+1}, g_k) at
+position k come K-1 placeholder slots at positions k+1..k+K-1, fed the learned token embedding
+``mask_embed`` [H] and feature ``mask_hidden`` [H] (saved with the heads) instead of a drafted token and
+the previous step's output; the layer attends causally over the prefix, the root and the earlier slots,
+and slot j's output scores depth j+1. Training runs the TTT unroll with these inputs at steps j >= 1
+(slot j = step j, with the same attention: the step-0 keys of pairs <= k plus pair k's own keys at
+slots 1..j, so every position t of the sequence gets its K-slot block in K layer calls over all
+positions, O(K·N²) scores, without a (K·N)² mask); the loss of depth j+1 is applied at slot j.
+
 **Aux layer ids** index the HF ``hidden_states`` tuple: id ``i`` is the *input* of decoder layer ``i``
 (0 = the embedding output; ``L`` would be the final-normed output, which neither engine captures, and is
 not allowed). vLLM's ``eagle_aux_hidden_state_layer_ids`` uses these numbers as-is (id k =

@@ -21,6 +21,8 @@ from heads.draft_config import (
 )
 from heads.graft import num_layers
 
+MAX_PARALLEL_DRAFT = 32  # P-EAGLE slots per forward: bounded before anything is sized from a config.json
+
 # True while `Eagle3Config.from_dict` reads a config saved before aux ids were checked (see `check_aux_ids`).
 _LEGACY_AUX_IDS = contextvars.ContextVar("selfspec_legacy_aux_ids", default=False)
 
@@ -98,6 +100,11 @@ class Eagle3Config(HeadConfig):
         of the pre-norm o, so the fed-back feature keeps one scale across depths. False (default): EAGLE-3
         (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`); the names are vLLM
         speculators' ``Eagle3SpeculatorConfig`` fields, which SGLang/SpecForge share.
+    parallel_draft: P-EAGLE parallel drafting over K = parallel_draft depths (0 = off, else 2..32): one
+        draft forward proposes all K depths of a chain, its slots 1..K-1 fed the learned placeholders
+        ``mask_embed`` / ``mask_hidden`` [H] instead of a drafted token and feature (see
+        `heads.eagle3.module`). Training scores slot j as TTT step j (the unroll length is K, and
+        ``ttt_steps`` is not read); the proposer drafts at most K depths.
     """
 
     head_type: ClassVar[str] = "eagle3"
@@ -112,6 +119,7 @@ class Eagle3Config(HeadConfig):
     noise: float = 0.0
     fc_norm: bool = False
     norm_output: bool = False
+    parallel_draft: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -127,6 +135,12 @@ class Eagle3Config(HeadConfig):
         for name in ("fc_norm", "norm_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        pd = self.parallel_draft
+        if isinstance(pd, bool) or not isinstance(pd, int) or not (pd == 0 or 2 <= pd <= MAX_PARALLEL_DRAFT):
+            raise ValueError(
+                f"parallel_draft must be 0 (off) or an int in [2, {MAX_PARALLEL_DRAFT}] (depths drafted in "
+                f"one forward), got {pd!r}"
+            )
         if self.draft_vocab_size is not None:
             if self.draft_vocab_size < 1:
                 raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
@@ -162,6 +176,11 @@ class Eagle3Config(HeadConfig):
             if n is not None:
                 return int(n)
         return None
+
+    @property
+    def unroll_steps(self) -> int:
+        """Depths the training loss scores: ``parallel_draft`` slots (P-EAGLE), else ``ttt_steps``."""
+        return self.parallel_draft or self.ttt_steps
 
     @property
     def variant(self) -> str:

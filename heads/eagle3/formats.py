@@ -201,11 +201,22 @@ def eagle3_to_speculators(
     return config, out
 
 
+def _no_parallel(cfg: dict[str, Any], to: str) -> None:
+    """Refuse, in one line, a P-EAGLE head: selfspec knows no engine config for its placeholders."""
+    if cfg.get("parallel_draft"):
+        raise ValueError(
+            f"a parallel-draft (P-EAGLE, parallel_draft={cfg['parallel_draft']}) EAGLE-3 head has no {to} export: "
+            "selfspec does not know that format's fields for the mask_embed/mask_hidden placeholders"
+        )
+
+
 def _to_sglang(state: dict[str, Tensor], cfg: dict[str, Any], inputs: ExportInputs) -> Exported:
+    _no_parallel(cfg, "sglang")
     return Exported(*eagle3_to_sglang(state, cfg))
 
 
 def _to_speculators(state: dict[str, Tensor], cfg: dict[str, Any], inputs: ExportInputs) -> Exported:
+    _no_parallel(cfg, "speculators/vllm")
     return Exported(*eagle3_to_speculators(state, cfg, inputs.speculative_tokens))
 
 

@@ -31,11 +31,13 @@ def eagle3_train_forward(
     Pairs k = 0..T-2 are (x_{k+1}, a_k + U(-noise, noise)); the unroll has ``ttt_steps`` steps (the
     tokens past the end of a row are padding, never scored, and reach no scored query). Only the scored
     rows of each step (`ttt_scored`) get draft logits, packed (`Eagle3Head.forward` with ``rows``).
+    P-EAGLE (``parallel_draft`` = K): the same unroll with slots 1..K-1 fed the placeholders, so step j
+    at pair k is slot j of the parallel block rooted at pair k, scored against the same target position.
     Returns what `eagle3_loss` returns for the full [K, B, N, Vd] logits.
     """
     inner = getattr(head, "module", head)
     cfg = inner.config
-    K = cfg.ttt_steps
+    K = cfg.unroll_steps  # TTT steps, or P-EAGLE's parallel slots
     B, T = input_ids.shape
     if len(target_out.aux) != 3:
         raise ValueError(
@@ -210,8 +212,8 @@ def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor
 
 OBJECTIVE = Objective(
     position_name="step",
-    positions=lambda cfg: cfg.ttt_steps,
-    weights=lambda cfg, decay: [cfg.step_weight**k for k in range(cfg.ttt_steps)],
+    positions=lambda cfg: cfg.unroll_steps,
+    weights=lambda cfg, decay: [cfg.step_weight**k for k in range(cfg.unroll_steps)],
     target_kwargs=lambda cfg: {"aux_layers": tuple(cfg.aux_layer_ids), "all_logits": True},
     loss=_objective_loss,
 )

@@ -82,6 +82,9 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         t2d = torch.zeros(V, dtype=torch.bool)
         t2d[:Vd] = True
         self.register_buffer("t2d", t2d)
+        if config.parallel_draft:  # P-EAGLE's placeholders: the token embedding and feature of an undrafted slot
+            self.mask_embed = nn.Parameter(torch.randn(H) * std)
+            self.mask_hidden = nn.Parameter(torch.randn(H) * std)
         self._attach_layer(layer, rotary)
 
     @classmethod
@@ -138,6 +141,7 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         *,
         ttt_steps: int | None = None,
         rows: list[Tensor] | None = None,
+        placeholders: int = 0,
     ) -> Tensor:
         """One draft step over T pairs, or (``ttt_steps=K``) a whole training-time-test unroll.
 
@@ -157,6 +161,11 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         lm_head, and the result is the packed [M, draft_vocab], step 0's rows first, each step's in
         (b, k) order (as `_target_rows` reads them): the norm is per row, so this is the same function
         on fewer rows.
+
+        placeholders = n (P-EAGLE inference, ``parallel_draft``): n placeholder slots follow the T pairs in
+        the same forward (token embedding ``mask_embed``, feature ``mask_hidden``); position_ids and
+        attention_mask then cover T + n queries, and the result is [B, T + n, H]: the output at the last
+        pair scores depth 1, the one at placeholder i depth i + 1.
         """
         if ttt_steps is not None:
             outs = self._ttt_outputs(input_ids, features, embed, attention_mask, ttt_steps)
@@ -169,10 +178,21 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         B, T = input_ids.shape
         assert features.shape[:2] == (B, T), (input_ids.shape, features.shape)
         g = self._features(features)
+        emb = embed(input_ids).to(g.dtype)
+        if placeholders:
+            slot_g, slot_emb = self._placeholders(B, placeholders, g.dtype)
+            g, emb = torch.cat([g, slot_g], 1), torch.cat([emb, slot_emb], 1)
         position_ids, attention_mask = self._step_inputs(
-            T, cache, position_ids, attention_mask, self.fc.weight.dtype, g.device
+            T + placeholders, cache, position_ids, attention_mask, self.fc.weight.dtype, g.device
         )
-        return self._output(self._layer(input_ids, g, embed, position_ids, attention_mask, cache=cache))
+        return self._output(self._layer(emb, g, position_ids, attention_mask, cache=cache))
+
+    def _placeholders(self, B: int, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """P-EAGLE's n undrafted slots: (feature, token embedding), each [B, n, H] (the learned vectors)."""
+        if not self.config.parallel_draft:
+            raise ValueError("placeholder slots need heads trained with heads.options.parallel_draft > 0")
+        H = self.config.hidden_size
+        return self.mask_hidden.to(dtype).expand(B, n, H), self.mask_embed.to(dtype).expand(B, n, H)
 
     def ttt_unroll(
         self,
@@ -207,8 +227,11 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         store: dict[int, tuple[Tensor, Tensor]] = {}
         outs = []
         for j in range(steps):
-            g = self._output(self._layer(input_ids[:, j : j + N], g, embed, pos + j, mask, ttt=(store, j)))
-            outs.append(g)
+            emb = embed(input_ids[:, j : j + N]).to(g.dtype)
+            if j and self.config.parallel_draft:  # P-EAGLE: slot j is a placeholder, not the step j-1 output
+                g, emb = self._placeholders(B, N, g.dtype)
+            outs.append(self._output(self._layer(emb, g, pos + j, mask, ttt=(store, j))))
+            g = outs[-1]
         return outs
 
     def _features(self, features: Tensor) -> Tensor:
@@ -221,10 +244,11 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
             )
         return features.to(self.fc.weight.dtype)
 
-    def _layer(self, input_ids, g, embed, position_ids, attention_mask, cache=None, ttt=None) -> Tensor:
+    def _layer(self, emb, g, position_ids, attention_mask, cache=None, ttt=None) -> Tensor:
+        """emb, g: [B, T, H] the token embeddings and the fused features -> the layer's output o [B, T, H]."""
         extra = {} if ttt is None else {"eagle3_ttt": ttt}
         fused = self.midlayer.input_layernorm
-        fused.emb = embed(input_ids).to(g.dtype)
+        fused.emb = emb
         try:
             return self._call_layer(self.midlayer, g, position_ids, attention_mask, cache, **extra)
         finally:
