@@ -18,7 +18,16 @@ from conftest import tiny_model
 from torch import nn
 
 import infer
-from heads import EagleConfig, EagleHead, eagle_loss, eagle_train_forward, load_heads, save_heads
+from heads import (
+    EagleConfig,
+    EagleHead,
+    build_vocab_map,
+    count_tokens,
+    eagle_loss,
+    eagle_train_forward,
+    load_heads,
+    save_heads,
+)
 from heads.graft import TargetOutput, run_target
 from infer.eagle_draft import EagleProposer
 
@@ -247,14 +256,21 @@ def self_generated(arch: str, n: int = 16, T: int = 48, seed: int = 0) -> torch.
 
 
 @functools.cache
-def trained_head(arch: str, steps: int = 60) -> tuple[EagleHead, list[float], list[float]]:
-    """A head trained ``steps`` Adam steps on the target's own greedy text; returns (head, losses, top1)."""
+def trained_head(
+    arch: str, steps: int = 60, vocab: int | None = None
+) -> tuple[EagleHead, list[float], list[float]]:
+    """A head trained ``steps`` Adam steps on the target's own greedy text; returns (head, losses, top1).
+    ``vocab``: a reduced draft vocabulary of that many tokens, the most frequent of that text (as
+    training builds it, `train.prepare.install_vocab_map`)."""
     m = target(arch)
     seqs = self_generated(arch)
     with torch.no_grad():
         out = run_target(m, seqs)
     out = TargetOutput(logits=out.logits[:, -1:], hidden=out.hidden)  # as the training loop gets it
-    head = fresh_head(arch, seed=0).train()
+    head = fresh_head(arch, seed=0, draft_vocab_size=vocab).train()
+    if vocab is not None:
+        ones = torch.ones_like(seqs)
+        head.set_vocab_map(*build_vocab_map(count_tokens(seqs, ones, m.config.vocab_size), vocab))
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     ones = torch.ones_like(seqs)
     losses, top1 = [], []
