@@ -1,7 +1,7 @@
 """EAGLE-1/2 with and without a reduced draft vocabulary (d2t): draft cost per step and tokens/s.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 python results/d2t/measure.py --target demo \
-        --full out/demo-eagle --reduced out/demo-eagle-d2t --json results/d2t/demo.json
+        --full out/demo-eagle --reduced out/demo-eagle-d2t [more reduced heads ...] --json results/d2t/demo.json
 
 Three measurements, one process, one torch thread, fp32:
 
@@ -56,7 +56,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--target", default="demo")
     p.add_argument("--full", required=True)
-    p.add_argument("--reduced", required=True)
+    p.add_argument("--reduced", required=True, nargs="+", help="one or more reduced-vocab heads dirs")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
@@ -64,7 +64,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     o = ProfileOptions(
-        heads=[a.full, a.reduced],
+        heads=[a.full, *a.reduced],
         target=a.target,
         dtype="fp32",
         prompts=a.prompts,
@@ -73,8 +73,9 @@ def main() -> None:
         threads=1,
     )
     s = setup(o)
-    vd = s.models[1].heads.config.draft_vocab
-    s.names = ["target.generate", f"eagle V={s.models[0].heads.config.draft_vocab}", f"eagle d2t Vd={vd}"]
+    s.names = ["target.generate"] + [
+        f"eagle {'d2t Vd' if m.heads.reduced_vocab else 'V'}={m.heads.config.draft_vocab}" for m in s.models
+    ]
     K = 8  # the default draft_top_k
     print("\n## lm_head + log_softmax + top-k (ms, min / median of interleaved repeats)\n")
     cost = {}
