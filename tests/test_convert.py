@@ -255,6 +255,19 @@ def test_eagle_with_bias_to_vllm_is_refused(tmp_path):
         export_heads(eagle(True), str(tmp_path), "vllm")
 
 
+@pytest.mark.parametrize("engine, why", [("vllm", "has no d2t"), ("sglang", "--speculative-token-map")])
+def test_reduced_vocab_eagle_export_is_refused(tmp_path, engine, why):
+    """EAGLE-1 heads with a draft vocabulary: one line naming why the engine's EAGLE-1 format cannot carry
+    it, and nothing written."""
+    head = randomise(EagleHead.for_target(target(), bias=False, draft_vocab_size=VD), 2)
+    head.set_vocab_map(*build_vocab_map(torch.randint(0, 50, (V,), generator=torch.Generator().manual_seed(4)), VD))
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=why) as e:
+        export_heads(head, str(out), engine)
+    assert "\n" not in str(e.value) and "draft_vocab_size" in str(e.value)
+    assert not out.exists() or not os.listdir(out)
+
+
 # ---------------------------------------------------------------------------------------------- EAGLE-3 export
 
 

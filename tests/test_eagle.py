@@ -18,11 +18,21 @@ from conftest import tiny_model
 from torch import nn
 
 import infer
-from heads import EagleConfig, EagleHead, eagle_loss, eagle_train_forward, load_heads, save_heads
+from heads import (
+    EagleConfig,
+    EagleHead,
+    build_vocab_map,
+    count_tokens,
+    eagle_loss,
+    eagle_train_forward,
+    load_heads,
+    save_heads,
+)
 from heads.graft import TargetOutput, run_target
 from infer.eagle_draft import EagleProposer
 
 EAGLE_ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3"]
+D2T = 32  # a reduced draft vocabulary: 32 of the tiny targets' 96 tokens
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -156,6 +166,86 @@ def test_load_rejects_other_architecture(tmp_path):
         load_heads(str(tmp_path), target("mistral"))
 
 
+# ---------------------------------------------------------------------------------------------- draft vocabulary
+
+
+def random_map_head(arch: str, vocab: int = D2T, seed: int = 3) -> EagleHead:
+    head = fresh_head(arch, draft_vocab_size=vocab)
+    counts = torch.randint(0, 50, (96,), generator=torch.Generator().manual_seed(seed))
+    head.set_vocab_map(*build_vocab_map(counts, vocab))
+    return head
+
+
+def test_draft_vocab_config():
+    m = target("llama")
+    assert EagleConfig(draft_vocab_size=0).draft_vocab_size is None  # 0 = the full vocabulary
+    full = EagleHead.for_target(m, draft_vocab_size=96)  # the target's own size: no map either
+    assert full.config.draft_vocab_size is None and full.config.draft_vocab == 96
+    assert "d2t" not in full.state_dict() and not full.reduced_vocab  # the pre-option checkpoint layout
+    head = EagleHead.for_target(m, draft_vocab_size=D2T)
+    assert head.config.draft_vocab == D2T and head.state_dict()["d2t"].shape == (D2T,)
+    assert head.state_dict()["t2d"].shape == (96,)
+    for bad, why in ((97, "vocab size"), (-1, ">= 1"), (True, ">= 1"), (2.5, ">= 1")):
+        with pytest.raises(ValueError, match=why):
+            EagleHead.for_target(m, draft_vocab_size=bad)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: the target's logit soft-cap
+def test_reduced_vocab_logits_are_the_target_rows(arch):
+    """Draft logits over the draft vocabulary = the full-vocabulary logits at target ids i + d2t[i], and a
+    new map is picked up (the gathered rows are not stale)."""
+    m = target(arch)
+    head = random_map_head(arch)
+    f = torch.randn(2, 3, m.config.hidden_size)
+    lm_head = m.get_output_embeddings()
+    with torch.no_grad():
+        full = fresh_head(arch).logits(f, lm_head)  # [2, 3, 96]
+        z = head.logits(f, lm_head)
+        assert z.shape == (2, 3, D2T)
+        assert torch.allclose(z, full[..., head.t2d], atol=1e-6)
+        head.set_vocab_map(*build_vocab_map(torch.arange(96), D2T))  # now the top 32 ids
+        assert torch.allclose(head.logits(f, lm_head), full[..., 96 - D2T :], atol=1e-6)
+    assert head.to_target_ids(torch.tensor([0, D2T - 1])).tolist() == [96 - D2T, 95]
+
+
+def test_reduced_vocab_loss():
+    """With the prediction equal to the target feature: zero regression, CE = the entropy of the target
+    distribution renormalised over the draft vocabulary, top-1 = how often the target's argmax is in it."""
+    m = target("llama")
+    head = random_map_head("llama")
+    lm_head = m.get_output_embeddings()
+    f = torch.randn(2, 7, 32)
+    mask = torch.ones(2, 7)
+    _, met = eagle_loss(f.clone().requires_grad_(), f, lm_head, mask, vocab=(head.d2t, head.t2d))
+    with torch.no_grad():
+        logits = lm_head(f.reshape(-1, 32))
+    p = torch.softmax(logits[:, head.t2d], -1)
+    assert met["loss_reg"].item() == 0
+    assert torch.allclose(met["loss_cls"], -(p * p.log()).sum(-1).mean())
+    inside = head.t2d[logits.argmax(-1)].float().mean()
+    assert 0 < inside < 1 and torch.allclose(met["top1"], inside)
+
+
+def test_reduced_vocab_save_load_and_tampered_map(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    m = target("llama")
+    head = random_map_head("llama")
+    save_heads(head, str(tmp_path))
+    assert json.load(open(tmp_path / "config.json"))["draft_vocab_size"] == D2T
+    loaded = load_heads(str(tmp_path), m)
+    assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
+    f = torch.randn(1, 4, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded.logits(f, m.get_output_embeddings()), head.logits(f, m.get_output_embeddings()))
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["d2t"] = state["d2t"].clone()
+    state["d2t"][-1] = 10_000  # a target id far outside the vocabulary
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t and t2d disagree"):
+        load_heads(str(tmp_path), m)
+
+
 # ---------------------------------------------------------------------------------------------- loss
 
 
@@ -247,14 +337,21 @@ def self_generated(arch: str, n: int = 16, T: int = 48, seed: int = 0) -> torch.
 
 
 @functools.cache
-def trained_head(arch: str, steps: int = 60) -> tuple[EagleHead, list[float], list[float]]:
-    """A head trained ``steps`` Adam steps on the target's own greedy text; returns (head, losses, top1)."""
+def trained_head(
+    arch: str, steps: int = 60, vocab: int | None = None
+) -> tuple[EagleHead, list[float], list[float]]:
+    """A head trained ``steps`` Adam steps on the target's own greedy text; returns (head, losses, top1).
+    ``vocab``: a reduced draft vocabulary of that many tokens, the most frequent of that text (as
+    training builds it, `train.prepare.install_vocab_map`)."""
     m = target(arch)
     seqs = self_generated(arch)
     with torch.no_grad():
         out = run_target(m, seqs)
     out = TargetOutput(logits=out.logits[:, -1:], hidden=out.hidden)  # as the training loop gets it
-    head = fresh_head(arch, seed=0).train()
+    head = fresh_head(arch, seed=0, draft_vocab_size=vocab).train()
+    if vocab is not None:
+        ones = torch.ones_like(seqs)
+        head.set_vocab_map(*build_vocab_map(count_tokens(seqs, ones, m.config.vocab_size), vocab))
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     ones = torch.ones_like(seqs)
     losses, top1 = [], []
@@ -324,7 +421,8 @@ def reference_tree(head, m, toks, feats, depth, K, total_tokens):
 
     def children(path, score):
         top = child_logp(path).topk(K)
-        return [(score + float(v), (*path, int(i))) for v, i in zip(top.values, top.indices, strict=True)]
+        ids = head.to_target_ids(top.indices) if head.reduced_vocab else top.indices  # draft -> target ids
+        return [(score + float(v), (*path, int(i))) for v, i in zip(top.values, ids, strict=True)]
 
     frontier = children((), 0.0)
     cands = list(frontier)
@@ -336,21 +434,24 @@ def reference_tree(head, m, toks, feats, depth, K, total_tokens):
 
 
 @pytest.mark.parametrize(
-    "arch, K, total",
+    "arch, K, total, vocab",
     [
-        ("llama", 3, 12),
-        ("phi3", 3, 12),
-        ("llama", 2, 15),
-        ("qwen3", 2, 15),
-        ("gemma2", 2, 15),
-        ("phi3", 2, 15),
+        ("llama", 3, 12, None),
+        ("phi3", 3, 12, None),
+        ("llama", 2, 15, None),
+        ("qwen3", 2, 15, None),
+        ("gemma2", 2, 15, None),
+        ("phi3", 2, 15, None),
+        ("llama", 3, 12, D2T),
+        ("gemma2", 2, 15, D2T),
     ],
 )
-def test_dynamic_tree_matches_reference(arch, K, total):
+def test_dynamic_tree_matches_reference(arch, K, total, vocab):
     """Two propose steps (the second after `advance`) equal the brute-force EAGLE-2 tree. With K=2,
-    total=15 every candidate (2 + 3·4) is kept, so depth-3/4 nodes check the deep tree masks too."""
+    total=15 every candidate (2 + 3·4) is kept, so depth-3/4 nodes check the deep tree masks too.
+    ``vocab``: a reduced draft vocabulary; the reference ranks its logits and maps ids through d2t."""
     m = target(arch)
-    head, *_ = trained_head(arch)
+    head, *_ = trained_head(arch, vocab=vocab)
     depth = 4
     seq = self_generated(arch, n=1, T=14, seed=5)[0]  # prompt = 10 tokens, then 4 target tokens
     T = 10
@@ -362,6 +463,8 @@ def test_dynamic_tree_matches_reference(arch, K, total):
         check_tree(tree, total, depth)
         assert tree.num_nodes == total and (total < 15 or int(tree.depth.max()) == depth)
         assert node_paths(tree) == reference_tree(head, m, seq[1 : T + 1], hidden[:T], depth, K, total)
+        if vocab is not None:
+            assert bool(head.t2d[tree.tokens[1:]].all())  # only draft-vocabulary tokens are proposed
         # accept root + 2 tokens (their target features come from the verify forward), new root seq[T+3]
         prop.advance(seq[T : T + 3], hidden[T : T + 3], ())
         tree = prop.propose(seq[T + 3], max_depth=100)
@@ -419,10 +522,13 @@ def test_greedy_identity_random_heads(arch):
     assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "mistral", "phi3"])
-def test_greedy_identity_trained_heads_accept(arch):
+@pytest.mark.parametrize(
+    "arch, vocab",
+    [(a, None) for a in ("llama", "qwen3", "gemma2", "mistral", "phi3")] + [("llama", D2T), ("gemma2", D2T)],
+)
+def test_greedy_identity_trained_heads_accept(arch, vocab):
     m = target(arch)
-    head, *_ = trained_head(arch)
+    head, *_ = trained_head(arch, vocab=vocab)
     model = infer.SpecModel(m, head)
     taus = []
     for seed in (100, 101):
@@ -433,11 +539,11 @@ def test_greedy_identity_trained_heads_accept(arch):
     assert sum(taus) / len(taus) > 1.3, taus
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
-def test_greedy_identity_deep_chains(arch):
+@pytest.mark.parametrize("arch, vocab", [("llama", None), ("phi3", None), ("llama", D2T)])
+def test_greedy_identity_deep_chains(arch, vocab):
     """Narrow trees (a chain, then top-2) reach depth 6: long accepts keep positions and KV right."""
     m = target(arch)
-    model = infer.SpecModel(m, trained_head(arch)[0])
+    model = infer.SpecModel(m, trained_head(arch, vocab=vocab)[0])
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(100))
     longest = 0
     for k, total in ((1, 7), (2, 20)):
@@ -449,10 +555,10 @@ def test_greedy_identity_deep_chains(arch):
     assert longest >= 5
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2"])
-def test_exact_sampling_runs(arch):
+@pytest.mark.parametrize("arch, vocab", [("llama", None), ("gemma2", None), ("llama", D2T)])
+def test_exact_sampling_runs(arch, vocab):
     m = target(arch)
-    head, *_ = trained_head(arch)
+    head, *_ = trained_head(arch, vocab=vocab)
     model = infer.SpecModel(m, head)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
     for kw in ({}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}):

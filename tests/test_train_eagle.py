@@ -44,10 +44,11 @@ def _greedy_identity(out: str, target_path: str) -> None:
     assert torch.equal(got.sequences, want)
 
 
-@pytest.mark.parametrize("head_type", ["eagle", "eagle3"])
+@pytest.mark.parametrize("head_type, vocab", [("eagle", None), ("eagle", 64), ("eagle3", None)])
 def test_eagle_run_learns_selects_best_by_tau_and_generates(
-    head_type, tiny_target, tiny_data, tmp_path, monkeypatch
+    head_type, vocab, tiny_target, tiny_data, tmp_path, monkeypatch
 ):
+    """``vocab``: EAGLE-1 with a reduced draft vocabulary (heads.options.draft_vocab_size; EAGLE-3 has 64)."""
     from heads.base import load_heads
     from heads.graft import load_target
     from train import train_heads
@@ -63,7 +64,12 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     monkeypatch.setattr(train_heads, "measure_tau", measure_tau)
     out = str(tmp_path / "run")
     run = train_heads.start(
-        train_heads.load_config(None, _eagle_overrides(tiny_target, tiny_data, out, head_type))
+        train_heads.load_config(
+            None,
+            _eagle_overrides(
+                tiny_target, tiny_data, out, head_type, **({"heads.options.draft_vocab_size": vocab} if vocab else {})
+            ),
+        )
     )
     train_heads.finish(run)
     monkeypatch.undo()
@@ -106,7 +112,7 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
     # The saved heads are the step-8 heads: re-evaluating them gives the step-8 eval loss.
     target = load_target(tiny_target)
     reloaded = load_heads(out, target)
-    if head_type == "eagle3":  # the vocab map: the 64 most frequent training labels
+    if head_type == "eagle3" or vocab:  # the vocab map: the 64 most frequent training labels
         assert int(reloaded.t2d.sum()) == 64
         torch.testing.assert_close(run.accelerator.unwrap_model(run.heads).t2d, reloaded.t2d)
     run.heads = reloaded

@@ -47,6 +47,16 @@ head type (`heads.registry`).
 
 The checkpoint holds ``fc.*`` and ``layers.0.*`` only (the SGLang/vLLM EAGLE-1 key layout); the
 embedding and lm_head are the target's and are passed at call time.
+
+**Reduced draft vocabulary** (``EagleConfig.draft_vocab_size`` = Vd, off by default; FR-Spec, and the
+``d2t``/``t2d`` map EAGLE-3 has, `heads.vocab`): the draft logits are the target lm_head's rows of the Vd
+most frequent training labels only (gathered once, `EagleHead.draft_rows`), so a tree depth costs a
+[K, H] x [H, Vd] product and a top-k over Vd instead of V; draft ids map back to target ids through
+``d2t``. Training scores them against the target distribution renormalised over the draft vocabulary
+(`eagle_loss`'s ``vocab``). The checkpoint then also holds ``d2t`` [Vd] and ``t2d`` [V] (checked for
+consistency on load). Verification is unchanged (the target scores all V tokens), so generation stays
+lossless; tokens outside the draft vocabulary are just never drafted. Neither engine's EAGLE-1 format
+carries the map, so such heads are not exported (`heads.eagle.formats.REDUCED_VOCAB_REFUSAL`).
 """
 
 from __future__ import annotations

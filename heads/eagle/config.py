@@ -15,6 +15,7 @@ from heads.draft_config import (
     validate_target_config,
     with_legacy_draft_layer,
 )
+from heads.vocab import check_draft_vocab_size
 
 
 @dataclass
@@ -35,6 +36,10 @@ class EagleConfig(HeadConfig):
     bias: whether ``fc`` has a bias (EAGLE-1 checkpoints have one).
     w_reg, w_cls: weights of the SmoothL1 feature regression and of the soft-label cross-entropy.
     noise: training-time feature augmentation, f + U(-noise, noise); 0 disables it.
+    draft_vocab_size: Vd, the draft's reduced vocabulary (`heads.vocab`, FR-Spec / EAGLE-3's d2t): the draft
+        logits are the target lm_head's rows of the Vd most frequent training labels only, and drafting takes
+        top-k over those. None (and 0 or the target's vocab size, both saved as None): the full vocabulary,
+        no ``d2t``/``t2d`` in the checkpoint (the layout heads had before the option).
     """
 
     head_type: ClassVar[str] = "eagle"
@@ -46,6 +51,7 @@ class EagleConfig(HeadConfig):
     w_reg: float = 1.0
     w_cls: float = 0.1
     noise: float = 0.1
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,11 +64,20 @@ class EagleConfig(HeadConfig):
             raise ValueError("w_reg and w_cls are both 0: nothing to train")
         if self.noise < 0:
             raise ValueError(f"noise must be >= 0 (0 disables it), got {self.noise}")
+        n = self.draft_vocab_size
+        if (n == 0 and not isinstance(n, bool)) or (self.vocab_size and n == self.vocab_size):
+            self.draft_vocab_size = None  # the full vocabulary: no map, the pre-option checkpoint layout
+        check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EagleConfig:
         """As `HeadConfig.from_dict`; a config without ``draft_layer`` (saved before it existed) is ``"target"``."""
         return super().from_dict(with_legacy_draft_layer(d))
+
+    @property
+    def draft_vocab(self) -> int:
+        """Tokens the draft scores: ``draft_vocab_size``, or the target's vocab size."""
+        return self.draft_vocab_size or self.vocab_size
 
     @property
     def model_type(self) -> str:

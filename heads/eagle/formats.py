@@ -100,6 +100,17 @@ def resolve_embed_scale(cfg: dict[str, Any], target: nn.Module | None = None) ->
     return 1.0
 
 
+# Why EAGLE-1 heads with a reduced draft vocabulary (``heads.options.draft_vocab_size``) are not exported.
+REDUCED_VOCAB_REFUSAL = {
+    "vllm": "cannot export EAGLE-1 heads with a reduced draft vocabulary (draft_vocab_size) to vLLM: its EAGLE-1 "
+    "draft (EagleLlamaForCausalLM) scores the target's full vocabulary and has no d2t (draft_id_to_target_id is "
+    "EAGLE-3's only); train without heads.options.draft_vocab_size to serve with vLLM",
+    "sglang": "cannot export EAGLE-1 heads with a reduced draft vocabulary (draft_vocab_size) to SGLang yet: SGLang "
+    "takes an EAGLE-1 draft vocabulary only from the server flag --speculative-token-map (FR-Spec), which this "
+    "export does not write; train without heads.options.draft_vocab_size to serve with SGLang",
+}
+
+
 def eagle_to_engine(
     state: dict[str, Tensor], cfg: dict[str, Any], engine: str
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -119,9 +130,13 @@ def eagle_to_engine(
     is applied outside those, in the target's own forward), while selfspec's fc sees embed(x) = s W[x].
     So fc's embedding columns are multiplied by s = ``cfg["embed_scale"]`` (`resolve_embed_scale`,
     `fold_embed_scale`): exact up to one rounding of the product in the weight dtype.
+
+    Heads with a reduced draft vocabulary (``draft_vocab_size``) are refused (`REDUCED_VOCAB_REFUSAL`).
     """
     if engine not in ("sglang", "vllm"):
         raise ValueError(f"EAGLE-1 exports to sglang or vllm, not {engine!r}")
+    if cfg.get("draft_vocab_size") or "d2t" in state:
+        raise ValueError(REDUCED_VOCAB_REFUSAL[engine])
     native = "qwen2" if engine == "sglang" else None  # SGLang's Qwen2ForCausalLMEagle
     family, layer = engine_layer_config(with_dtype(cfg, state), "eagle", engine, native, _NATIVE_HINT)
     H = cfg["hidden_size"]

@@ -35,7 +35,8 @@ def eagle_train_forward(
     Pairs k = 0..T-2 are (x_{k+1}, f_k + U(-noise, noise)) at positions k (noise only in train mode);
     pair k is scored against the clean f_{k+1} and the target's distribution for x_{k+2}, iff
     ``loss_mask[k+2]`` and tokens k, k+1, k+2 are real (so pair T-2 is never scored). Returns
-    `eagle_loss`'s ``(loss, metrics)`` with the config's ``w_reg``/``w_cls``.
+    `eagle_loss`'s ``(loss, metrics)`` with the config's ``w_reg``/``w_cls`` (and the head's draft
+    vocabulary, if it has one).
     """
     inner = getattr(head, "module", head)
     cfg = inner.config
@@ -66,6 +67,7 @@ def eagle_train_forward(
         softcap=inner.logit_softcap,
         logit_scale=inner.logit_scale,
         data_tokens=data_tokens,
+        vocab=(inner.d2t, inner.t2d) if inner.reduced_vocab else None,
     )
 
 
@@ -80,6 +82,7 @@ def eagle_loss(
     softcap: float | None = None,
     logit_scale: float = 1.0,
     data_tokens: Tensor | None = None,
+    vocab: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE loss over aligned predictions.
 
@@ -95,6 +98,11 @@ def eagle_loss(
     (fraction where argmax ẑ == argmax z) and ``count`` (N); weight by ``count`` to combine batches. With
     ``data_tokens`` ([B, T] ids aligned with the positions: the data's token each one predicts), also
     ``top1_data`` (fraction where argmax ẑ is that token).
+
+    vocab: (d2t [Vd], t2d [V]) of a reduced draft vocabulary (`heads.vocab`), as EAGLE-3's loss: ẑ [N, Vd]
+    uses only the lm_head rows of the draft vocabulary and the CE's target is the target distribution
+    renormalised over it, p = softmax(z[:, t2d]); top-1 maps argmax ẑ through d2t and compares it with
+    the target's argmax over its full vocabulary (so a target choice outside the draft vocabulary is a miss).
     """
     valid = loss_mask.bool()
     pred = pred_feats[valid]  # [N, H]
@@ -102,20 +110,30 @@ def eagle_loss(
     n = pred.shape[0]
     denom = max(n, 1)
     reg = F.smooth_l1_loss(pred.float(), tgt.float(), reduction="none").mean(-1).sum() / denom
-    draft_logits = soft_cap(lm_head(pred.to(lm_head.weight.dtype)).float() * logit_scale, softcap)  # [N, V]
+    x = pred.to(lm_head.weight.dtype)
+    if vocab is None:
+        z = lm_head(x)  # [N, V]
+    else:  # only the draft vocabulary's rows: [N, Vd]
+        ids = torch.arange(vocab[0].shape[0], device=x.device) + vocab[0]
+        bias = getattr(lm_head, "bias", None)
+        z = F.linear(x, lm_head.weight.index_select(0, ids), None if bias is None else bias.index_select(0, ids))
+    draft_logits = soft_cap(z.float() * logit_scale, softcap)
     with torch.no_grad():
         if target_logits is not None:
             tl = target_logits[valid].float()
         else:
             tl = soft_cap(lm_head(tgt.to(lm_head.weight.dtype)).float() * logit_scale, softcap)
-        tp = torch.softmax(tl, -1)
+        tp = torch.softmax(tl if vocab is None else tl[:, vocab[1]], -1)
     cls = -(tp * torch.log_softmax(draft_logits, -1)).sum(-1).sum() / denom
     loss = w_reg * reg + w_cls * cls
     with torch.no_grad():
-        top1 = (draft_logits.argmax(-1) == tl.argmax(-1)).float().sum() / denom
+        guess = draft_logits.argmax(-1)
+        if vocab is not None:
+            guess = guess + vocab[0][guess]  # draft ids -> target ids
+        top1 = (guess == tl.argmax(-1)).float().sum() / denom
         top1_data = None
         if data_tokens is not None:
-            top1_data = (draft_logits.argmax(-1) == data_tokens[valid]).float().sum() / denom
+            top1_data = (guess == data_tokens[valid]).float().sum() / denom
     metrics = {
         "loss": loss.detach(),
         "loss_reg": reg.detach(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heads.draft_layer import (
@@ -14,10 +15,13 @@ from heads.draft_layer import (
 )
 from heads.eagle.config import EagleConfig
 from heads.hub import HubMixin
+from heads.vocab import DraftVocabMixin
 
 
-class EagleHead(DraftLayerMixin, HubMixin, nn.Module):
-    """``fc`` + one decoder layer (Llama, or the target's own); see `heads.eagle`."""
+class EagleHead(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
+    """``fc`` + one decoder layer (Llama, or the target's own); see `heads.eagle`. With
+    ``config.draft_vocab_size`` it also holds the ``d2t``/``t2d`` buffers of its draft vocabulary
+    (`heads.vocab`) and scores only those rows of the target's lm_head."""
 
     def __init__(self, config: EagleConfig) -> None:
         super().__init__()
@@ -28,6 +32,9 @@ class EagleHead(DraftLayerMixin, HubMixin, nn.Module):
         self.layers = nn.ModuleList([layer])  # keys `layers.0.*`, as EAGLE-1 checkpoints name them
         self._attach_layer(layer, rotary)
         self.logit_scale, self.logit_softcap = target_logit_transform(config.target_config)
+        if config.draft_vocab_size is not None:
+            self._init_vocab_map(config.vocab_size, config.draft_vocab_size)
+        self.__dict__["_rows"] = None  # `draft_rows`' cache: (key, weight [Vd, H], bias [Vd] | None)
 
     @classmethod
     def for_target(cls, target: nn.Module, **kwargs) -> EagleHead:
@@ -76,8 +83,27 @@ class EagleHead(DraftLayerMixin, HubMixin, nn.Module):
         pair_mask: [B, N] or None; steps: K."""
         return cached_unroll(self, input_ids, features, embed, pair_mask, steps)
 
+    @property
+    def reduced_vocab(self) -> bool:
+        """Whether the head drafts over its own draft vocabulary (``config.draft_vocab_size``)."""
+        return self.config.draft_vocab_size is not None
+
+    def draft_rows(self, lm_head: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """(weight [Vd, H], bias [Vd] or None): the target lm_head's rows of the draft vocabulary (target ids
+        ``arange(Vd) + d2t``), gathered once and kept while the lm_head's weight and the map are unchanged
+        (the lm_head is frozen, so in training and at inference alike this is one gather per run)."""
+        w, b = lm_head.weight, getattr(lm_head, "bias", None)
+        key = (w.data_ptr(), w._version, w.dtype, w.device, self.d2t.data_ptr(), self.d2t._version)
+        if self._rows is None or self._rows[0] != key:
+            ids = torch.arange(self.d2t.shape[0], device=w.device) + self.d2t.to(w.device)
+            rows = w.detach().index_select(0, ids)
+            self.__dict__["_rows"] = (key, rows, None if b is None else b.detach().index_select(0, ids))
+        return self._rows[1], self._rows[2]
+
     def logits(self, feats: Tensor, lm_head: nn.Module) -> Tensor:
-        """feats: [..., H] -> float32 logits [..., V] through the target's lm_head (and its scale, soft-cap)."""
-        return soft_cap(
-            lm_head(feats.to(lm_head.weight.dtype)).float() * self.logit_scale, self.logit_softcap
-        )
+        """feats: [..., H] -> float32 logits [..., Vd] through the target's lm_head (and its scale, soft-cap):
+        all V rows, or with a draft vocabulary only its Vd rows (`draft_rows`; draft id i = target id
+        ``i + d2t[i]``)."""
+        x = feats.to(lm_head.weight.dtype)
+        z = F.linear(x, *self.draft_rows(lm_head)) if self.reduced_vocab else lm_head(x)
+        return soft_cap(z.float() * self.logit_scale, self.logit_softcap)

@@ -1,4 +1,5 @@
-"""The EAGLE-3 head config, its aux layer ids (see `heads.eagle3`) and the draft vocabulary map."""
+"""The EAGLE-3 head config and its aux layer ids (see `heads.eagle3`); the draft vocabulary map is
+`heads.vocab`'s (re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from heads.base import HeadConfig
 from heads.draft_config import (
@@ -20,6 +20,9 @@ from heads.draft_config import (
     with_legacy_draft_layer,
 )
 from heads.graft import num_layers
+from heads.vocab import build_vocab_map, check_draft_vocab_size, count_tokens
+
+__all__ = ["Eagle3Config", "build_vocab_map", "check_aux_ids", "count_tokens", "default_aux_layer_ids"]
 
 MAX_PARALLEL_DRAFT = 32  # P-EAGLE slots per forward: bounded before anything is sized from a config.json
 
@@ -141,13 +144,7 @@ class Eagle3Config(HeadConfig):
                 f"parallel_draft must be 0 (off) or an int in [2, {MAX_PARALLEL_DRAFT}] (depths drafted in "
                 f"one forward), got {pd!r}"
             )
-        if self.draft_vocab_size is not None:
-            if self.draft_vocab_size < 1:
-                raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
-            if self.vocab_size and self.draft_vocab_size > self.vocab_size:
-                raise ValueError(
-                    f"draft_vocab_size {self.draft_vocab_size} > the target's vocab size {self.vocab_size}"
-                )
+        check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
         if self.aux_layer_ids is not None:
             ids = list(self.aux_layer_ids)
             if len(ids) != 3 or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -205,31 +202,3 @@ class Eagle3Config(HeadConfig):
                 f"({self.base_model_name_or_path!r}) and read its layers {self.aux_layer_ids}; "
                 f"this target has {num_layers(target)} layers"
             )
-
-
-# ---------------------------------------------------------------------------------------------- vocab map
-
-
-def count_tokens(input_ids: Tensor, loss_mask: Tensor, vocab_size: int) -> Tensor:
-    """[V] int64 counts of the token ids at positions with ``loss_mask == 1`` (sum these over a dataset)."""
-    ids = input_ids[loss_mask.bool()].reshape(-1).to(torch.long)
-    return torch.bincount(ids.cpu(), minlength=vocab_size)[:vocab_size]
-
-
-def build_vocab_map(token_counts: Tensor, draft_vocab_size: int | None) -> tuple[Tensor, Tensor]:
-    """(d2t [Vd] int64, t2d [V] bool) for the ``draft_vocab_size`` most frequent target tokens.
-
-    token_counts: [V] counts (e.g. `count_tokens` over the training data). Ties go to the lower id;
-    unseen tokens fill the vocabulary last, by id. Draft ids follow target-id order, so
-    ``target_id = i + d2t[i]`` with ``d2t`` non-decreasing and >= 0. None or V gives the identity.
-    """
-    V = token_counts.numel()
-    Vd = V if draft_vocab_size is None else int(draft_vocab_size)
-    if not 1 <= Vd <= V:
-        raise ValueError(f"draft_vocab_size must be in [1, {V}], got {draft_vocab_size}")
-    order = torch.sort(token_counts.reshape(-1).cpu(), descending=True, stable=True).indices
-    chosen = order[:Vd].sort().values
-    d2t = chosen - torch.arange(Vd)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[chosen] = True
-    return d2t, t2d

@@ -11,6 +11,7 @@ from heads.draft_layer import DraftLayerMixin, causal_mask
 from heads.eagle3.attention import ATTN_IMPLEMENTATION, register_attention
 from heads.eagle3.config import Eagle3Config
 from heads.hub import HubMixin
+from heads.vocab import DraftVocabMixin
 
 _QKV_NAMES = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 
@@ -33,7 +34,7 @@ class _FusedInput(nn.Module):
         return torch.cat([self.head.input_norm(self.emb), self.head.hidden_norm(g)], dim=-1)
 
 
-class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
+class Eagle3Head(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
     """``fc`` + one widened decoder layer (Llama, or the target's own) + own norm and lm_head; see the
     module docstring."""
 
@@ -77,11 +78,7 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
         self.norm = copy.deepcopy(norm)
         self.lm_head = nn.Linear(H, Vd, bias=False)
         nn.init.normal_(self.lm_head.weight, std=std)
-        # until `set_vocab_map`: the first Vd target ids
-        self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))
-        t2d = torch.zeros(V, dtype=torch.bool)
-        t2d[:Vd] = True
-        self.register_buffer("t2d", t2d)
+        self._init_vocab_map(V, Vd)  # until `set_vocab_map`: the first Vd target ids
         if config.parallel_draft:  # P-EAGLE's placeholders: the token embedding and feature of an undrafted slot
             self.mask_embed = nn.Parameter(torch.randn(H) * std)
             self.mask_hidden = nn.Parameter(torch.randn(H) * std)
@@ -95,21 +92,6 @@ class Eagle3Head(DraftLayerMixin, HubMixin, nn.Module):
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
         return tuple(self.config.aux_layer_ids)
-
-    def set_vocab_map(self, d2t: Tensor, t2d: Tensor) -> None:
-        """Install a `build_vocab_map` result (checked for consistency) into the ``d2t``/``t2d`` buffers."""
-        Vd, V = self.d2t.shape[0], self.t2d.shape[0]
-        if d2t.shape != (Vd,) or t2d.shape != (V,):
-            raise ValueError(f"vocab map shapes {tuple(d2t.shape)}, {tuple(t2d.shape)} != ({Vd},), ({V},)")
-        ids = torch.arange(Vd) + d2t.cpu().long()
-        if not torch.equal(ids, t2d.cpu().nonzero().view(-1)):
-            raise ValueError("d2t and t2d disagree: t2d must mark exactly the ids arange(Vd) + d2t, sorted")
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def to_target_ids(self, draft_ids: Tensor) -> Tensor:
-        """Draft-vocab ids -> target ids (``i + d2t[i]``)."""
-        return draft_ids + self.d2t[draft_ids]
 
     def fuse(self, aux: Tensor | tuple[Tensor, ...]) -> Tensor:
         """Target features -> g: ``fc(cat(low, mid, high))``, EAGLE-3.1 (``fc_norm``):
