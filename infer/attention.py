@@ -45,8 +45,8 @@ def _tile_mask(mask: Tensor, groups: int) -> Tensor:
 
     Every layer of one forward gets the same mask object (one per layer type), so each is tiled once
     per forward. The memo holds the masks themselves, so their memory cannot be reused by another
-    mask while an entry lives; masks are never written in place between forwards (`TreeMask` returns
-    a new view each step)."""
+    mask while an entry lives. `TreeMask` and `BatchTreeMask` write their buffers in place between
+    forwards but return a new view object each step, so a memo entry never matches a later step."""
     for src, g, tiled in _packed:
         if src is mask and g == groups:
             return tiled
