@@ -145,6 +145,9 @@ class RaggedKV:
         """[B, rows_q, S] bool: the filled slots, for each of ``rows_q`` queries of every row."""
         return (self.pos >= 0)[:, None, :].expand(-1, rows_q, -1)
 
+    def reserve(self, extra: int) -> None:
+        """Room for ``extra`` more slots: a growing cache always has it."""
+
     def extend(self, pos: Tensor) -> None:
         """Record the positions [B, n] of the n slots a forward just appended."""
         self.pos = torch.cat([self.pos, pos], 1)

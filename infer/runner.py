@@ -219,8 +219,8 @@ class BatchRunner:
         pos = valid.long().cumsum(1) - 1
         B, T = input_ids.shape
         cols = max(self.max_len, T) + self.slack + TREE_SLOTS
-        self.kv = StaticRaggedKV(torch.where(valid, pos, -1), cols) if self.static else RaggedKV(
-            torch.where(valid, pos, -1))  # fmt: skip
+        slot_pos = torch.where(valid, pos, -1)
+        self.kv = StaticRaggedKV(slot_pos, cols) if self.static else RaggedKV(slot_pos)
         additive = None if self.tree_attention else self.target.dtype
         self.mask = BatchTreeMask(B, TREE_SLOTS, cols, input_ids.device, window=self.window, mixed=self.mixed,
                                   additive=additive)  # fmt: skip
@@ -245,8 +245,7 @@ class BatchRunner:
         q_pos = self.next_pos[:, None] + tree.depth
         if self.max_pos is not None:
             q_pos = q_pos.clamp(max=self.max_pos)
-        if isinstance(self.kv, StaticRaggedKV):
-            self.kv.reserve(n)
+        self.kv.reserve(n)
         mask = self.mask(self.kv.pos, tree.ancestors, q_pos)
         self._start = self.kv.slots
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
