@@ -45,8 +45,8 @@ def _tile_mask(mask: Tensor, groups: int) -> Tensor:
 
     Every layer of one forward gets the same mask object (one per layer type), so each is tiled once
     per forward. The memo holds the masks themselves, so their memory cannot be reused by another
-    mask while an entry lives; masks are never written in place between forwards (`TreeMask` returns
-    a new view each step)."""
+    mask while an entry lives. `TreeMask` and `BatchTreeMask` write their buffers in place between
+    forwards but return a new view object each step, so a memo entry never matches a later step."""
     for src, g, tiled in _packed:
         if src is mask and g == groups:
             return tiled
@@ -160,3 +160,56 @@ class TreeMask:
         self.buf[0, 0, :n, past : past + n] = ancestors
         self.block = (past, n)
         return self.buf[:, :, :n, : past + n]
+
+
+class BatchTreeMask:
+    """The masks of every verify step of one batched generation, in buffers allocated once.
+
+    Step masks are [B, 1, n, S + n] views (S filled slots, n tree nodes per row): row b's node i sees
+    slot j iff ``kv_pos[b, j] >= 0`` (a filled slot, `infer.cache.RaggedKV`) and tree node k iff k is
+    i or an ancestor of i. With a sliding ``window`` the sliding layers' mask also needs
+    ``q_pos - k_pos < window`` (by position, not slot: holes do not count); ``additive`` gives the
+    float masks (0 / ``finfo.min``) that eager and transformers' sdpa take, else the boolean ones of
+    `tree_attention`. Each step rewrites the [B, n, S + n] window in place (its prefix columns change
+    as the window slides and when rows are packed), with no temporary of that size. The buffers
+    ([B, rows, cols] per kind) grow (doubling) only when a tree or the sequence outgrows them; a batch
+    that lost rows uses their first rows.
+    """
+
+    def __init__(self, batch: int, rows: int, cols: int, device: torch.device, *, window: int | None = None,
+                 mixed: bool = False, additive: torch.dtype | None = None) -> None:  # fmt: skip
+        self.window, self.mixed, self.additive, self.device = window, mixed, additive, device
+        self.kinds = ["full_attention"] + (["sliding_attention"] if window is not None else [])
+        self._alloc(batch, rows, cols)
+
+    def _alloc(self, batch: int, rows: int, cols: int) -> None:
+        shape, dev = (batch, rows, cols), self.device
+        self.filled = torch.zeros(batch, cols, dtype=torch.bool, device=dev)  # kv_pos >= 0, per slot
+        self.vis = {k: torch.zeros(shape, dtype=torch.bool, device=dev) for k in self.kinds}
+        self.add = {k: torch.zeros(shape, dtype=self.additive, device=dev) for k in self.kinds} if self.additive else {}
+
+    def __call__(self, kv_pos: Tensor, ancestors: Tensor, q_pos: Tensor):
+        """kv_pos [B, S] long (-1: a hole), ancestors [B, n, n] bool, q_pos [B, n] long -> the mask
+        [B, 1, n, S + n] (bool or additive), or a dict of them per layer type for mixed models."""
+        (B, S), n = kv_pos.shape, ancestors.shape[1]
+        b0, r0, c0 = self.filled.shape[0], *self.vis["full_attention"].shape[1:]
+        if B > b0 or n > r0 or S + n > c0:
+            self._alloc(max(B, b0), max(n, r0), max(S + n, 2 * c0))
+        torch.ge(kv_pos, 0, out=self.filled[:B, :S])
+        vis = self.vis["full_attention"][:B, :n, : S + n]
+        vis[:, :, :S] = self.filled[:B, None, :S]
+        vis[:, :, S:] = ancestors
+        out = {"full_attention": vis}
+        if self.window is not None:  # visible and k_pos > q_pos - window
+            lo = (q_pos - self.window)[:, :, None]
+            slide = self.vis["sliding_attention"][:B, :n, : S + n]
+            torch.gt(kv_pos[:, None, :], lo, out=slide[:, :, :S])
+            torch.gt(q_pos[:, None, :], lo, out=slide[:, :, S:])
+            out["sliding_attention"] = slide.logical_and_(vis)
+        if self.additive is not None:
+            neg = torch.finfo(self.additive).min
+            out = {k: self.add[k][:B, :n, : S + n].fill_(neg).masked_fill_(v, 0) for k, v in out.items()}
+        out = {k: v[:, None] for k, v in out.items()}
+        if self.mixed:
+            return out
+        return out["sliding_attention" if self.window is not None else "full_attention"]

@@ -7,10 +7,14 @@ prefix and everything after them is dropped. Accepted tokens are never re-run.
 Two caches: transformers' ``DynamicCache`` (grows by concatenation: every verify forward re-allocates
 and copies each layer's whole KV) and its ``StaticCache`` (`new_static_cache`: one buffer per layer
 sized for the whole generation, written in place at the next free slots; compaction moves the
-accepted entries and resets the fill level, nothing is re-allocated per step).
+accepted entries and resets the fill level, nothing is re-allocated per step). A batch keeps the
+same static layout (`StaticRaggedKV`: one `FilledStaticLayer` per layer and one slot-position buffer,
+[B, capacity] each), docs/design.md §4.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -20,6 +24,13 @@ from transformers.cache_utils import Cache, StaticLayer
 
 def _is_static(layer) -> bool:
     return isinstance(layer, StaticLayer)
+
+
+def _set_fill(layer, end: int) -> None:
+    """A static layer's fill level (the next write's slot) is ``end``; later slots are stale."""
+    layer.cumulative_length.fill_(end)
+    if isinstance(layer, FilledStaticLayer):
+        layer.end = end
 
 
 def compact(cache, past_len: int, keep: Tensor) -> None:
@@ -42,7 +53,7 @@ def compact(cache, past_len: int, keep: Tensor) -> None:
             if not static:
                 setattr(layer, name, t[:, :, : past_len + n])
         if static:
-            layer.cumulative_length.fill_(past_len + n)
+            _set_fill(layer, past_len + n)
 
 
 def new_cache():
@@ -83,21 +94,33 @@ def ensure_capacity(cache, needed: int) -> None:
 
 def take_slots(cache, start: int, src: Tensor) -> None:
     """Row b's slots start..start+L-1 get the entries now at slots ``src[b]`` ([B, L] long), in every
-    layer, and the cache ends there (dynamic layers only). One gather and one copy per layer and tensor;
-    `compact` is the one-row case with a contiguous destination."""
+    layer, and the cache ends there. One gather of the L entries and one write per layer and tensor: a
+    static layer is written in place and its fill level set to start+L (the cost does not depend on its
+    length), a dynamic one is cut at ``start`` and the L entries concatenated. `compact` is the one-row
+    case with a contiguous destination."""
+    L = src.shape[1]
     for layer in cache.layers:
+        static = _is_static(layer)
         for name in ("keys", "values"):
             t = getattr(layer, name)  # [B, H_kv, S, D]
             idx = src[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
-            moved = t.gather(2, idx)
-            setattr(layer, name, torch.cat([t[:, :, :start], moved], 2))
+            moved = t.gather(2, idx)  # a copy first: source and destination slots may overlap
+            if static:
+                t[:, :, start : start + L] = moved
+            else:
+                setattr(layer, name, torch.cat([t[:, :, :start], moved], 2))
+        if static:
+            _set_fill(layer, start + L)
 
 
 def select_rows(cache, rows: Tensor) -> None:
-    """Keep only batch rows ``rows`` ([B'] long) of every layer (finished rows leave the batch)."""
+    """Keep only batch rows ``rows`` ([B'] long) of every layer (finished rows leave the batch): one
+    ``index_select`` per layer and tensor (a static layer's buffers are re-allocated at B' rows, once)."""
     for layer in cache.layers:
         for name in ("keys", "values"):
             setattr(layer, name, getattr(layer, name).index_select(0, rows))
+        if _is_static(layer) and layer.is_initialized:
+            layer.batch_size = rows.shape[0]
 
 
 class RaggedKV:
@@ -122,6 +145,9 @@ class RaggedKV:
         """[B, rows_q, S] bool: the filled slots, for each of ``rows_q`` queries of every row."""
         return (self.pos >= 0)[:, None, :].expand(-1, rows_q, -1)
 
+    def reserve(self, extra: int) -> None:
+        """Room for ``extra`` more slots: a growing cache always has it."""
+
     def extend(self, pos: Tensor) -> None:
         """Record the positions [B, n] of the n slots a forward just appended."""
         self.pos = torch.cat([self.pos, pos], 1)
@@ -137,7 +163,7 @@ class RaggedKV:
         hole = (self.pos < 0)[:, None, :, None]
         for layer in self.cache.layers:
             for name in ("keys", "values"):
-                getattr(layer, name).masked_fill_(hole, 0)
+                getattr(layer, name)[:, :, : hole.shape[2]].masked_fill_(hole, 0)
 
     def crop(self, slots: int) -> None:
         """Keep the first ``slots`` slots: drop the tail, e.g. a draft's tree steps, whose KV the cache
@@ -151,14 +177,19 @@ class RaggedKV:
         select_rows(self.cache, rows)
         self.pos = self.pos.index_select(0, rows)
 
+    def tolerated(self, width: int, slack: int) -> int:
+        """Holes (slots beyond the longest row's ``width``) left open by `pack`: ``slack`` and half the
+        longest row (a growing cache: the O(S) pack stays amortised)."""
+        return max(slack, width // 2)
+
     def pack(self, longest: int | None = None, slack: int = 32) -> None:
-        """Close the holes once they outgrow ``slack`` and half the longest row: each row's filled slots
-        move, in order, to the right end of a slot axis as long as its longest row (a left-padded
-        layout). O(S) copy, amortised over the many steps that made the holes. ``longest``: the
-        longest row's filled slots when the caller knows it on the host (else read back: a sync)."""
+        """Close the holes once they outgrow `tolerated`: each row's filled slots move, in order, to the
+        right end of a slot axis as long as its longest row (a left-padded layout). O(S) copy, amortised
+        over the many steps that made the holes. ``longest``: the longest row's filled slots when the
+        caller knows it on the host (else read back: a sync)."""
         filled = self.pos >= 0
         width = int(filled.sum(1).max()) if longest is None else longest
-        if self.slots - width <= max(slack, width // 2):
+        if self.slots - width <= self.tolerated(width, slack):
             return
         order = torch.sort(filled.to(torch.int8), dim=1, stable=True).indices[:, -width:]  # holes first
         self.take(0, order, self.pos.gather(1, order))
@@ -182,6 +213,73 @@ class FilledStaticLayer(StaticLayer):
     def crop(self, tokens_to_remove: int) -> None:
         super().crop(tokens_to_remove)
         self.end -= abs(tokens_to_remove)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """A mask transformers builds (a prefill with a 2D mask) covers what `update` returns: the
+        filled slots plus the new ones, as a dynamic layer's would."""
+        return self.end + query_length, 0
+
+
+class StaticRaggedKV(RaggedKV):
+    """`RaggedKV` on preallocated buffers: every layer a `FilledStaticLayer` of ``capacity`` slots and
+    the slot positions in one [B, capacity] buffer (``pos`` is the view of its first ``slots`` columns).
+
+    A verify forward writes its N+1 nodes' KV at slots ``slots..slots+N`` of every row (in place, at the
+    layers' fill level), `take` moves the accepted paths with one fixed-size gather per layer and sets
+    the fill level, `crop` only moves it; nothing is allocated per step. Attention sees the filled
+    slots only (views), so any attention implementation and any mask type fit. `pack` closes the
+    holes once they exceed ``slack`` (the caller sizes ``capacity`` for its rows + that slack + a
+    tree); `reserve` grows the buffers (doubling, one copy) only for a generation longer than planned.
+    `select` re-allocates the buffers once at the remaining rows."""
+
+    def __init__(self, pos: Tensor, capacity: int) -> None:
+        B, T = pos.shape
+        self.capacity = max(capacity, T)
+        # layers appear lazily, one per attention layer of the target, at the prefill
+        self.cache = Cache(layer_class_to_replicate=functools.partial(FilledStaticLayer, self.capacity))
+        self.buf = pos.new_full((B, self.capacity), -1)
+        self.buf[:, :T] = pos
+        self.n = T  # filled slots (host)
+
+    @property
+    def pos(self) -> Tensor:  # type: ignore[override]
+        return self.buf[:, : self.n]
+
+    def reserve(self, extra: int) -> None:
+        """Room for ``extra`` more slots; grows every buffer (doubling) only if there is none."""
+        need = self.n + extra
+        if need <= self.capacity:
+            return
+        ensure_capacity(self.cache, need)
+        self.capacity = max(need, 2 * self.capacity)  # as `ensure_capacity` sizes each layer
+        self.cache.layer_class_to_replicate = functools.partial(FilledStaticLayer, self.capacity)
+        grown = self.buf.new_full((self.buf.shape[0], self.capacity), -1)
+        grown[:, : self.n] = self.pos
+        self.buf = grown
+
+    def extend(self, pos: Tensor) -> None:
+        m = pos.shape[1]
+        self.buf[:, self.n : self.n + m] = pos
+        self.n += m
+
+    def take(self, start: int, src: Tensor, pos: Tensor) -> None:
+        take_slots(self.cache, start, src)
+        self.buf[:, start : start + pos.shape[1]] = pos
+        self.n = start + pos.shape[1]
+
+    def crop(self, slots: int) -> None:
+        for layer in self.cache.layers:
+            if layer.end > slots:
+                _set_fill(layer, slots)
+        self.n = min(self.n, slots)
+
+    def select(self, rows: Tensor) -> None:
+        select_rows(self.cache, rows)
+        self.buf = self.buf.index_select(0, rows)
+
+    def tolerated(self, width: int, slack: int) -> int:
+        """Exactly ``slack``: the capacity was planned for it."""
+        return slack
 
 
 class StaticDraftKV:

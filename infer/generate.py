@@ -283,7 +283,7 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
     """A batch of rows of different lengths on `BatchRunner` -> (sequences, stats). Each row drafts,
     accepts and stops on its own; a finished row leaves the batch (target cache and proposer) at once."""
     ids, valid = _left_aligned(job.input_ids, job.valid)
-    runner = BatchRunner(target, proposer.aux_layers)
+    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit)
     rows = [_Row(job, streamer) for _ in range(ids.shape[0])]
     live = list(range(len(rows)))  # the input row of each batch row
     stats = GenerationStats(rows=[r.stats for r in rows])

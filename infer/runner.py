@@ -20,12 +20,13 @@ from torch import Tensor, nn
 from heads.graft import TargetOutput, _cache_kwarg, decoder_layers, num_layers, run_target_lean, unwrap_peft
 from infer.attention import (
     ATTN_IMPLEMENTATION,
+    BatchTreeMask,
     TreeMask,
     attention_implementation,
     register,
     wants_tree_attention,
 )
-from infer.cache import RaggedKV, compact, ensure_capacity, new_cache, new_static_cache
+from infer.cache import RaggedKV, StaticRaggedKV, compact, ensure_capacity, new_cache, new_static_cache
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask, sliding_window
 
@@ -179,13 +180,20 @@ class BatchRunner:
     Rows share one slot axis; each row keeps its own positions (``next_pos`` [B]: the position of its
     next token, the step's root) and sees only its own filled slots. Row b's tree nodes sit at
     positions ``next_pos[b] + depth`` (clamped to the context, which only a node deeper than its row
-    can use ever reaches). Masks are rebuilt per step from the slot positions: boolean for
-    `infer.attention.tree_attention` on ``sdpa`` targets without sliding windows, additive float
-    otherwise (sliding windows by position, a dict for mixed full / sliding layers, as
+    can use ever reaches). The masks live in one `infer.attention.BatchTreeMask` per generation:
+    boolean for `infer.attention.tree_attention` on ``sdpa`` targets without sliding windows, additive
+    float otherwise (sliding windows by position, a dict for mixed full / sliding layers, as
     `infer.tree.attention_mask`).
+
+    max_len: the longest row expected (the padded prompt + new tokens), to size the buffers once;
+    static: keep the KV in a `infer.cache.StaticRaggedKV` of max_len + ``slack`` + TREE_SLOTS slots,
+    written in place (every architecture: sliding windows are applied by the mask), instead of a
+    growing ``DynamicCache``. ``slack``: the holes tolerated before the cache is packed; with a static
+    cache max(32, max_len // 8), so the O(S) pack runs a bounded number of times per generation.
     """
 
-    def __init__(self, target: nn.Module, aux_layers: Sequence[int] = ()) -> None:
+    def __init__(self, target: nn.Module, aux_layers: Sequence[int] = (), *, max_len: int = 0,
+                 static: bool = True) -> None:  # fmt: skip
         check_target(target)
         self.target = target
         self.aux_layers = tuple(aux_layers)
@@ -197,17 +205,25 @@ class BatchRunner:
         self.tree_attention = self.window is None and wants_tree_attention(target)
         if self.tree_attention:
             register()
+        self.max_len, self.static = max_len, static
         self.kv: RaggedKV | None = None
+        self.mask: BatchTreeMask | None = None
         self.next_pos: Tensor | None = None
         self.lengths: list[int] = []
-        self.slack = 32  # holes tolerated before the cache is packed (`RaggedKV.pack`)
+        self.slack = max(32, max_len // 8) if static else 32  # holes tolerated before `RaggedKV.pack`
         self._start = 0  # slots before the last verified tree
 
     def prefill(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
         """input_ids, valid: [B, T], left-padded (every row's last token at T-1) -> logits [B, 1, V],
         hidden and aux [B, T, H] (padding positions hold garbage no one reads)."""
         pos = valid.long().cumsum(1) - 1
-        self.kv = RaggedKV(torch.where(valid, pos, -1))
+        B, T = input_ids.shape
+        cols = max(self.max_len, T) + self.slack + TREE_SLOTS
+        slot_pos = torch.where(valid, pos, -1)
+        self.kv = StaticRaggedKV(slot_pos, cols) if self.static else RaggedKV(slot_pos)
+        additive = None if self.tree_attention else self.target.dtype
+        self.mask = BatchTreeMask(B, TREE_SLOTS, cols, input_ids.device, window=self.window, mixed=self.mixed,
+                                  additive=additive)  # fmt: skip
         self.next_pos = valid.sum(1)
         self.lengths = self.next_pos.tolist()  # each row's tokens in the cache, on the host
         out = run_target_lean(
@@ -222,21 +238,6 @@ class BatchRunner:
         self.kv.clear_holes()
         return out
 
-    def _masks(self, vis: Tensor, q_pos: Tensor, k_pos: Tensor):
-        """vis [B, Q, S] bool -> the 4D mask(s) [B, 1, Q, S] the target's forward takes."""
-        masks = {"full_attention": vis}
-        if self.window is not None:
-            far = (q_pos[:, :, None] - k_pos[:, None, :]) >= self.window
-            masks["sliding_attention"] = vis & ~far
-        if not self.tree_attention:
-            neg = torch.finfo(self.target.dtype).min
-            masks = {k: torch.zeros(v.shape, dtype=self.target.dtype, device=v.device).masked_fill_(~v, neg)
-                     for k, v in masks.items()}  # fmt: skip
-        masks = {k: v[:, None] for k, v in masks.items()}
-        if self.mixed:
-            return masks
-        return masks["sliding_attention" if self.window is not None else "full_attention"]
-
     def verify(self, tree: DraftTree) -> TargetOutput:
         """tree: a batch of trees (fields [B, N+1...]) -> logits [B, N+1, V], hidden and aux [B, N+1, H].
         Node i of row b attends to row b's filled slots and its own ancestors."""
@@ -244,8 +245,8 @@ class BatchRunner:
         q_pos = self.next_pos[:, None] + tree.depth
         if self.max_pos is not None:
             q_pos = q_pos.clamp(max=self.max_pos)
-        vis = torch.cat([self.kv.visible(n), tree.ancestors], 2)
-        mask = self._masks(vis, q_pos, torch.cat([self.kv.pos, q_pos], 1))
+        self.kv.reserve(n)
+        mask = self.mask(self.kv.pos, tree.ancestors, q_pos)
         self._start = self.kv.slots
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
         with switch or contextlib.nullcontext():

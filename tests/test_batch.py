@@ -19,8 +19,10 @@ from test_draft_layer import trained as trained_draft
 from test_generate import model, prompt, spec
 
 import infer
+from infer.cache import StaticRaggedKV
 from infer.draft import Proposer
 from infer.generate import speculative_generate
+from infer.runner import BatchRunner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -162,6 +164,52 @@ def test_batch_of_identical_prompts_and_one_row():
     single = infer.generate(m, p, max_new_tokens=20)
     assert all(torch.equal(row, single.sequences[0]) for row in batch.sequences)
     assert batch.stats.rows[0].accepted_lengths == single.stats.accepted_lengths
+
+
+def _storage(runner: BatchRunner) -> tuple:
+    """(rows, the data pointers of every KV buffer, the slot-position buffer and every mask buffer)."""
+    kv, mask = runner.kv, runner.mask
+    cache = tuple(t.data_ptr() for layer in kv.cache.layers for t in (layer.keys, layer.values))
+    masks = tuple(t.data_ptr() for t in (*mask.vis.values(), *mask.add.values(), mask.filled))
+    return runner.next_pos.shape[0], cache, kv.buf.data_ptr(), masks
+
+
+@pytest.mark.parametrize("slack", [None, 0])
+@pytest.mark.parametrize("key", [("llama", "sdpa", torch.float32, None), ("gemma2", "eager", torch.float32, 3)])
+def test_batch_cache_and_masks_are_written_in_place(monkeypatch, key, slack):
+    """The batched loop allocates its KV, slot positions and masks once per generation: at every verify
+    step the target's cache layers, the position buffer and the mask buffers (boolean for tree
+    attention; additive, sliding and full, for gemma2's mixed layers) are the same storage; the KV and
+    position buffers are re-allocated once when a finished row leaves the batch, the masks never.
+    slack=0 packs at every hole (the packing copy is in place too). The rows stay exact."""
+    target, rows, n = model(*key), prompts(), 30
+    seen: list[tuple] = []
+    prefill, verify = BatchRunner.prefill, BatchRunner.verify
+
+    def spy_prefill(self, *args):
+        if slack is not None:
+            self.slack = slack
+        return prefill(self, *args)
+
+    def spy_verify(self, tree):
+        out = verify(self, tree)
+        assert isinstance(self.kv, StaticRaggedKV)
+        seen.append(_storage(self))
+        return out
+
+    monkeypatch.setattr(BatchRunner, "prefill", spy_prefill)
+    monkeypatch.setattr(BatchRunner, "verify", spy_verify)
+    ids, mask = padded(rows, "left")
+    out = infer.generate(spec(key, "trained_own"), ids, attention_mask=mask, max_new_tokens=n)
+    check_rows(target, out, rows, ids, n)
+    assert diverged(out)  # holes: rows' accepted paths moved by different amounts
+    sizes = [s[0] for s in seen]
+    assert sizes[0] == len(rows) and sizes[-1] < len(rows) and sorted(sizes, reverse=True) == sizes
+    for size in set(sizes):
+        group = {s for s in seen if s[0] == size}
+        assert len(group) == 1, f"buffers re-allocated between steps at batch size {size}"
+    assert sizes.count(len(rows)) >= 3 and len(set(seen)) == len(set(sizes))
+    assert len({s[3] for s in seen}) == 1  # the mask buffers serve the smaller batch too
 
 
 def test_proposer_without_batch_form_is_named():

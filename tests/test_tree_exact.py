@@ -169,6 +169,24 @@ def test_every_node_of_every_row_matches_cache_free_forward(arch, attn, window):
     assert err < 1e-4, f"{arch} {attn} window={window}: batched logits off by {err}"
 
 
+@pytest.mark.parametrize(("arch", "attn"), [("llama", "sdpa"), ("qwen2_mixed", "eager")])
+def test_batched_buffers_grow_when_a_tree_outgrows_the_plan(monkeypatch, arch, attn):
+    """Planned for a 4-node tree after the prompt, the batched runner's static KV, slot positions and
+    masks (boolean; additive full + sliding) must grow at the first 13-node tree, and stay exact."""
+    monkeypatch.setattr("infer.runner.TREE_SLOTS", 4)
+    runner = BatchRunner(build(arch, attn), max_len=0)
+    assert worst_error_batch(runner) < 1e-4
+    assert runner.kv.capacity > PAST + 2 + 4 and runner.kv.cache.layers[0].max_cache_len == runner.kv.capacity
+    assert runner.mask.vis["full_attention"].shape[1] >= NODES
+
+
+def test_batched_dynamic_cache_stays_exact():
+    """``static=False`` (a growing ``DynamicCache``, the layout before the static one) with the same
+    in-place masks, on mixed full / sliding layers."""
+    err = worst_error_batch(BatchRunner(build("qwen2_mixed", "eager"), static=False))
+    assert err < 1e-4, f"dynamic batched cache: logits off by {err}"
+
+
 def test_static_cache_is_written_in_place_and_grows_when_needed():
     """An sdpa target verifies through transformers' StaticCache: exact at every node, the same
     buffers step after step, and a generation longer than planned grows them once, still exact."""
