@@ -11,8 +11,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # them (a DeepSpeed rank, a tokenizer) that makes each op up to 10x slower. Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-import torch
+
+def _cores_per_worker() -> int:
+    """This process's share of the cores: all of them, or under pytest-xdist (``-n N``) cores // N, so N
+    workers never run more compute threads than there are cores (oversubscribed, each op slows down)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, cores // workers)
+
+
+WORKER_THREADS = _cores_per_worker()
+if "PYTEST_XDIST_WORKER" in os.environ:  # before torch loads; the subprocesses tests start inherit it
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    torch.set_num_threads(WORKER_THREADS)
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
 # Architectures the EAGLE heads' Llama draft layer (heads.options.draft_layer: llama) is tested on:
@@ -164,3 +180,13 @@ def fresh_accelerate():
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _worker_threads():
+    """Under pytest-xdist, cap the worker's thread count again after each test: code under test may raise
+    it (the benchmarks take one thread per core), and the other workers share those cores. Never raised
+    here, so a module's `one_thread` holds."""
+    yield
+    if "PYTEST_XDIST_WORKER" in os.environ and torch.get_num_threads() > WORKER_THREADS:
+        torch.set_num_threads(WORKER_THREADS)

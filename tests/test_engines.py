@@ -258,3 +258,30 @@ def test_engine_refuses_unserved_targets(results, cid):
 def test_refusals_are_one_line(results, case):
     msg = results[0][case[0]]["refused_by_export"]
     assert "\n" not in msg and len(msg) < 400, msg
+
+
+def test_concurrent_callers_build_an_engine_venv_once(tmp_path, monkeypatch):
+    """Two callers at once (two pytest-xdist workers) of `engine_python`: one builds, the other waits on
+    the lock and gets the same interpreter (the build is a stand-in that takes a while)."""
+    import threading
+    import time
+
+    import install
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    builds = []
+
+    def build(name: str, final: str) -> None:
+        builds.append(name)
+        time.sleep(0.3)  # long enough that the second caller arrives while the first builds
+        os.makedirs(os.path.join(final, "bin"))
+        open(os.path.join(final, "bin", "python"), "w").close()
+
+    monkeypatch.setattr(install, "_build", build)
+    got = []
+    callers = [threading.Thread(target=lambda: got.append(engine_python("vllm-0.33.0"))) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert builds == ["vllm-0.33.0"] and len(got) == 2 and got[0] == got[1] == install.venv_dir("vllm-0.33.0") + "/bin/python"

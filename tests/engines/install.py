@@ -2,7 +2,9 @@
 
 ``engine_python(name)`` returns the interpreter of a venv under ``$SELFSPEC_CACHE/engines`` (default
 ``~/.cache/selfspec``), keyed by the engine version and a hash of its pinned requirement list. A venv is
-built in a temporary folder and renamed into place, so an interrupted build is never used.
+built in a temporary folder and renamed into place, so an interrupted build is never used, under a file
+lock per venv, so concurrent test processes (pytest-xdist workers, two checkouts sharing the cache) build
+it once: the others wait and use it.
 
 Each venv gets ``torch==2.13.0`` (the CPU build), the engine wheel with ``--no-deps`` (its declared
 dependencies pull CUDA builds of torch, torchvision, flashinfer, sgl-kernel...) and the exact pure-Python
@@ -23,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from demo.cache import locked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH = "torch==2.13.0"
@@ -92,6 +96,14 @@ def engine_python(name: str) -> str:
     if os.path.isfile(py):
         return py
     os.makedirs(cache_dir(), exist_ok=True)
+    with locked(f"{final}.lock"):
+        if not os.path.isfile(py):  # not built by the holder we waited for
+            _build(name, final)
+    return py
+
+
+def _build(name: str, final: str) -> None:
+    """Install the venv of ``name`` into a temp folder next to ``final``, then rename it to ``final``."""
     tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir())
     try:
         subprocess.run([_base_python(), "-m", "venv", tmp], check=True)
@@ -106,12 +118,11 @@ def engine_python(name: str) -> str:
         _write_stubs(tpy, ENGINES[name]["stubs"])
         try:
             os.rename(tmp, final)
-        except OSError:  # another process won the race: use its venv
+        except OSError:  # another process won the race (one not holding the lock: an older checkout)
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return py
 
 
 if __name__ == "__main__":
