@@ -11,6 +11,8 @@ Two levels:
 Comparison: Pearson's chi-square with bins of expected count < 5 pooled, p-value from the regularised
 upper incomplete gamma function. Every test has a fixed seed; a correct sampler must give p > 1e-3.
 The same statistic must reject (p < 1e-3) deliberately broken acceptance rules, which shows it has power.
+The longest end-to-end cases live in test_distribution_tree.py (Medusa trees) and
+test_distribution_eagle.py (EAGLE proposers), with the helpers here, so that test workers share them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import infer
 from heads import MedusaHeads
 from infer.draft import row_of
 from infer.generate import speculative_generate
-from infer.tree import DraftTree, chain, tree_buffers
+from infer.tree import DraftTree, tree_buffers
 from infer.verify import Acceptance, accept_exact, sample_from
 
 # the module (``infer.generate`` the attribute is the function): the name the decoding loop calls
@@ -394,36 +396,6 @@ def bad_heads(target) -> MedusaHeads:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 4])
-def test_generate_exact_branching_tree(small_target, batch):
-    """T = 1, a branching tree (3 siblings, depth up to 2 with 3 new tokens), helpful heads, 20k samples
-    (batch 4: each call samples 4 rows, padded left and right)."""
-    law = target_law(small_target, 3)
-    counts, accepted = sample_counts(
-        small_target, good_heads(small_target), PATHS, 3, E2E_SAMPLES, seed=0, batch=batch
-    )
-    assert sum(counts.values()) == E2E_SAMPLES
-    assert max(accepted) == 2  # with 3 new tokens a step has room for one draft + the bonus
-    assert sum(a > 1 for a in accepted) > E2E_SAMPLES // 6
-    assert chi2_pvalue(counts, law) > ALPHA
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 8])
-def test_generate_exact_top_k_top_p(small_target, batch):
-    """Temperature 0.6, top-k 3 and top-p 0.9 together: a token outside the warped support at any
-    position (e.g. one node left unwarped) would be an impossible outcome."""
-    warp = {"temperature": 0.6, "top_k": 3, "top_p": 0.9}
-    law = target_law(small_target, 3, **warp)
-    counts, accepted = sample_counts(
-        small_target, good_heads(small_target), chain(2), 3, E2E_SAMPLES, seed=1, batch=batch, **warp
-    )
-    assert sum(counts.values()) == E2E_SAMPLES
-    assert max(accepted) == 2
-    assert chi2_pvalue(counts, law) > ALPHA
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 4])
 def test_generate_exact_bad_heads(small_target, batch):
     """Heads whose top-1 is the target's least likely token (3 siblings of them), temperature 0.6."""
     law = target_law(small_target, 3, temperature=0.6)
@@ -454,35 +426,6 @@ def eagle_counts(
     """`sample_counts` for dynamic-tree (EAGLE) heads, with a small tree that fits the 6-token vocab."""
     proposer = infer.SpecModel(target, heads).proposer(depth=3, draft_top_k=3, total_tokens=8)
     return sample_counts(target, heads, None, length, samples, seed, proposer=proposer, batch=batch, **warp)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("batch", [1, 4])
-@pytest.mark.parametrize("kind", ["eagle", "eagle-d2t", "eagle3"])
-def test_generate_exact_eagle_proposers(small_target, kind, batch):
-    """Exact rejection sampling with EAGLE-2 dynamic trees from untrained EAGLE and EAGLE-3 heads:
-    T = 1 for EAGLE, T = 0.6 + top-k 3 + top-p 0.9 for EAGLE-3; 4000 samples of 3 tokens each.
-    ``eagle-d2t``: EAGLE-1 with a draft vocabulary of 4 of the 6 tokens that leaves out the target's most
-    likely first token (which the drafts then never propose, and sampling must still produce at its
-    rate), at EAGLE-3's warping.
-
-    This checks the dynamic-tree path (tree building, masks, draft cache, d2t) end to end. Its power
-    against subtle acceptance-rule bugs is low (a bonus drawn from p instead of the residual gave
-    p = 0.55 at 2000 samples here); the rule itself is tested with power above."""
-    from heads import EagleHead, build_vocab_map
-    from heads.eagle3 import Eagle3Head
-
-    torch.manual_seed(0)
-    if kind == "eagle-d2t":
-        heads = EagleHead.for_target(small_target, draft_vocab_size=4).eval()
-        with torch.no_grad():
-            counts = torch.ones(V, dtype=torch.long)
-            counts[small_target(PROMPT).logits[0, -1].argmax()] = 0
-        heads.set_vocab_map(*build_vocab_map(counts, 4))
-        assert not heads.t2d[small_target(PROMPT).logits[0, -1].argmax()]
-    else:
-        heads = (EagleHead if kind == "eagle" else Eagle3Head).for_target(small_target).eval()
-    check_eagle_law(small_target, heads, kind, batch=batch)
 
 
 def check_eagle_law(target, heads, kind: str, batch: int = 1) -> None:

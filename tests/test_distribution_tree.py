@@ -1,0 +1,54 @@
+"""Exact sampling end to end with Medusa trees: a branching tree at T = 1 and a chain under
+temperature, top-k and top-p together (20k samples each, batch 1 and batched).
+
+Split from `test_distribution.py` (which holds the law, the sampler and the chi-square helpers) so
+that pytest-xdist's ``--dist loadfile`` can run the longest sampling tests on different workers."""
+
+from __future__ import annotations
+
+import pytest
+from test_distribution import (
+    ALPHA,
+    E2E_SAMPLES,
+    PATHS,
+    chi2_pvalue,
+    good_heads,
+    sample_counts,
+    small_target,
+    target_law,
+)
+
+from infer.tree import chain
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+small_target = small_target  # the module-scoped fixture, collected here too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generate_exact_branching_tree(small_target, batch):
+    """T = 1, a branching tree (3 siblings, depth up to 2 with 3 new tokens), helpful heads, 20k samples
+    (batch 4: each call samples 4 rows, padded left and right)."""
+    law = target_law(small_target, 3)
+    counts, accepted = sample_counts(
+        small_target, good_heads(small_target), PATHS, 3, E2E_SAMPLES, seed=0, batch=batch
+    )
+    assert sum(counts.values()) == E2E_SAMPLES
+    assert max(accepted) == 2  # with 3 new tokens a step has room for one draft + the bonus
+    assert sum(a > 1 for a in accepted) > E2E_SAMPLES // 6
+    assert chi2_pvalue(counts, law) > ALPHA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 8])
+def test_generate_exact_top_k_top_p(small_target, batch):
+    """Temperature 0.6, top-k 3 and top-p 0.9 together: a token outside the warped support at any
+    position (e.g. one node left unwarped) would be an impossible outcome."""
+    warp = {"temperature": 0.6, "top_k": 3, "top_p": 0.9}
+    law = target_law(small_target, 3, **warp)
+    counts, accepted = sample_counts(
+        small_target, good_heads(small_target), chain(2), 3, E2E_SAMPLES, seed=1, batch=batch, **warp
+    )
+    assert sum(counts.values()) == E2E_SAMPLES
+    assert max(accepted) == 2
+    assert chi2_pvalue(counts, law) > ALPHA
