@@ -264,7 +264,7 @@ def draft_storage(proposer) -> tuple:
     assert isinstance(kv, StaticRaggedKV) and len(kv.cache.layers) == 1
     cache = tuple(t.data_ptr() for layer in kv.cache.layers for t in (layer.keys, layer.values))
     bufs = (*masks.mask.vis.values(), *masks.mask.add.values(), masks.mask.filled, masks.none)
-    return kv.pos.shape[0], cache, kv.buf.data_ptr(), tuple(t.data_ptr() for t in bufs)
+    return kv.pos.shape[0], cache, kv.buf.data_ptr(), tuple(t.data_ptr() for t in bufs if t is not None)
 
 
 def check_draft_in_place(monkeypatch, batch_cls, m, ids, mask, n: int, pack: bool) -> object:
@@ -293,7 +293,7 @@ def check_draft_in_place(monkeypatch, batch_cls, m, ids, mask, n: int, pack: boo
         return take(self, *args)
 
     def spy_head(module, args, kwargs):
-        masks.append((kwargs["attention_mask"].untyped_storage().data_ptr(), current["p"]))
+        masks.append(kwargs["attention_mask"].untyped_storage().data_ptr())
 
     monkeypatch.setattr(batch_cls, "propose", spy_propose)
     monkeypatch.setattr(StaticRaggedKV, "take", spy_take)
@@ -306,9 +306,9 @@ def check_draft_in_place(monkeypatch, batch_cls, m, ids, mask, n: int, pack: boo
     assert sizes[0] == ids.shape[0] and sizes[-1] < ids.shape[0] and sorted(sizes, reverse=True) == sizes
     for size in set(sizes):
         assert len({s for s in seen if s[0] == size}) == 1, f"draft buffers re-allocated at batch size {size}"
-    assert sizes.count(ids.shape[0]) >= 3 and len({s[3] for s in seen}) == 1
+    assert max(map(sizes.count, sizes)) >= 3 and len({s[3] for s in seen}) == 1
     buffers = {t.untyped_storage().data_ptr() for t in current["p"].masks.mask.add.values()}
-    assert len(masks) > len(seen) and all(ptr in buffers for ptr, _ in masks[1:]), "a mask built per step"
+    assert len(masks) >= 3 and all(ptr in buffers for ptr in masks[1:]), "a mask built per step"
     assert bool(moves) == pack
     return out
 
