@@ -187,8 +187,9 @@ class BatchDraftMasks:
 class BatchEagle(BatchProposer):
     """`EagleProposer` for a batch: the same EAGLE-2 drafting, every row at once.
 
-    The draft cache is a `RaggedKV` (rows commit different numbers of pairs per step; a row's padding
-    pairs become holes that no query attends). ``pending_*`` [B, M] hold the pairs not yet committed,
+    The draft cache is a `StaticRaggedKV` sized once per generation (`start`) with its masks in
+    `BatchDraftMasks` (rows commit different numbers of pairs per step; a row's padding pairs become
+    holes that no query attends); ``one_row`` (`EagleProposer`: one row, unpadded) a `StaticDraftKV`. ``pending_*`` [B, M] hold the pairs not yet committed,
     right-padded (``pending_ok`` False at padding). Every row expands its own frontier and reranks its
     own candidates; only the tree structure is built per row (`structure_from_parents` takes one tree).
     """
