@@ -42,7 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
-from infer.cache import RaggedKV, StaticDraftKV
+from infer.attention import BatchTreeMask
+from infer.cache import StaticDraftKV, StaticRaggedKV
 from infer.draft import BatchProposer, Proposer, root_only_rows, row_of
 from infer.settings import DEFAULTS
 from infer.tree import DraftTree, structure_from_parents
@@ -116,7 +117,7 @@ class EagleProposer(Proposer):
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
         f_{T-1} waits for the root."""
-        self._rows = BatchEagle(self, max_len=self.max_len)
+        self._rows = BatchEagle(self, max_len=self.max_len, one_row=True)
         self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...]) -> None:
@@ -133,7 +134,15 @@ class EagleProposer(Proposer):
         return row_of(self._rows.propose(root.view(1), max_depth))
 
     def batched(self) -> BatchEagle:
-        return BatchEagle(self)
+        return BatchEagle(self, max_len=self.max_len, one_row=False)
+
+
+def commit_block(ok: Tensor) -> Tensor:
+    """ok [B, m] (False: padding) -> [B, m, m] bool: pair i sees pair j <= i that is real, and itself (a
+    padding pair sees itself only, so its softmax has a finite row)."""
+    m = ok.shape[1]
+    eye = torch.eye(m, dtype=torch.bool, device=ok.device)
+    return torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]
 
 
 def _additive(vis: Tensor, dtype: torch.dtype) -> Tensor:
@@ -142,37 +151,55 @@ def _additive(vis: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.masked_fill_(~vis, torch.finfo(dtype).min)[:, None]
 
 
-def _ragged_commit_mask(kv: RaggedKV, ok: Tensor, dtype: torch.dtype) -> Tensor:
-    """ok [B, m] (False: padding) -> [B, 1, m, slots + m]: the filled slots, then the new pairs causally
-    (a padding pair sees itself only)."""
-    m = ok.shape[1]
-    eye = torch.eye(m, dtype=torch.bool, device=ok.device)
-    causal = torch.ones_like(eye).tril()[None] & ok[:, None, :] | eye[None]
-    return _additive(torch.cat([kv.visible(m), causal], 2), dtype)
+PACK_SLACK = 32  # holes a batch's draft cache tolerates before `StaticRaggedKV.pack` closes them
 
 
-def _ragged_tree_mask(kv: RaggedKV, queries: int, tree_cols: int, dtype: torch.dtype) -> Tensor:
-    """[B, queries, slots + tree_cols]: the filled slots visible, the tree block ``finfo.min``."""
-    B, C = kv.pos.shape[0], kv.slots
-    mask = torch.full((B, queries, C + tree_cols), torch.finfo(dtype).min, dtype=dtype, device=kv.pos.device)
-    mask[:, :, :C] = _additive(kv.visible(queries), dtype)[:, 0]
-    return mask
+class BatchDraftMasks:
+    """The batched draft's additive masks in one `infer.attention.BatchTreeMask` per generation
+    ([B, rows, capacity], rewritten in place, never re-allocated within ``rows`` queries), over a
+    `StaticRaggedKV`'s slot positions (a slot is visible iff it holds a pair of the row).
+
+    commit [B, 1, m, S + m]: the filled slots, then the m new pairs by `commit_block`. A commit of more
+    than ``rows`` pairs (the prompt's, once per generation) gets a mask of its own instead of growing
+    the buffer to [B, T, capacity]. tree [B, 1, Q, S + cols]: the filled slots, the tree block all
+    ``finfo.min`` for the caller to fill in place (the tree's slot positions are set to -1 first: the
+    draft's tree steps write KV after the committed slots without recording positions)."""
+
+    def __init__(self, batch: int, rows: int, cols: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.rows = rows
+        self.mask = BatchTreeMask(batch, rows, cols, device, additive=dtype)
+        self.none: Tensor | None = None  # [B, rows, rows] all False: a tree block nobody sees yet
+
+    def commit(self, kv: StaticRaggedKV, ok: Tensor, dtype: torch.dtype) -> Tensor:
+        if ok.shape[1] > self.rows:
+            return _additive(torch.cat([kv.visible(ok.shape[1]), commit_block(ok)], 2), dtype)
+        return self.mask(kv.pos, commit_block(ok), kv.pos[:, :1])
+
+    def tree(self, kv: StaticRaggedKV, queries: int, cols: int) -> Tensor:
+        B, C = kv.pos.shape[0], kv.slots
+        if self.none is None or self.none.shape[0] < B:
+            self.none = torch.zeros(B, self.rows, self.rows, dtype=torch.bool, device=kv.buf.device)
+        kv.reserve(cols)
+        kv.buf[:, C : C + cols - queries] = -1  # not filled: invisible
+        return self.mask(kv.buf[:, : C + cols - queries], self.none[:B, :queries, :queries], kv.pos[:, :1])
 
 
 class BatchEagle(BatchProposer):
     """`EagleProposer` for a batch: the same EAGLE-2 drafting, every row at once.
 
-    The draft cache is a `RaggedKV` (rows commit different numbers of pairs per step; a row's padding
-    pairs become holes that no query attends). ``pending_*`` [B, M] hold the pairs not yet committed,
+    The draft cache is a `StaticRaggedKV` sized once per generation (`start`) with its masks in
+    `BatchDraftMasks` (rows commit different numbers of pairs per step; a row's padding pairs become
+    holes that no query attends); ``one_row`` (`EagleProposer`: one row, unpadded) a `StaticDraftKV`. ``pending_*`` [B, M] hold the pairs not yet committed,
     right-padded (``pending_ok`` False at padding). Every row expands its own frontier and reranks its
     own candidates; only the tree structure is built per row (`structure_from_parents` takes one tree).
     """
 
-    def __init__(self, single: EagleProposer, max_len: int | None = None) -> None:
+    def __init__(self, single: EagleProposer, max_len: int = 0, one_row: bool = False) -> None:
         self.single = single
         self.aux_layers = single.aux_layers
-        self.max_len = max_len  # not None: one row, unpadded, on a `StaticDraftKV` of about this size
-        self.kv: RaggedKV | StaticDraftKV | None = None
+        self.max_len, self.one_row = max_len, one_row  # one_row: unpadded, on a `StaticDraftKV`
+        self.kv: StaticRaggedKV | StaticDraftKV | None = None
+        self.masks: BatchDraftMasks | None = None  # the batch's masks (not one_row)
         self.pairs: Tensor | None = None  # [B] pairs committed per row (the next pair's position)
         self.pending_tokens: Tensor | None = None  # [B, M]
         self.pending_feats: Tensor | None = None  # [B, M, F]
@@ -181,21 +208,41 @@ class BatchEagle(BatchProposer):
         self.commits = 0
 
     def start(self, prompt_ids: Tensor, out: TargetOutput, valid: Tensor) -> None:
-        """Pair t = (x_{t+1}, f_t) for t < T-1, real iff token t is (left-aligned rows)."""
+        """Pair t = (x_{t+1}, f_t) for t < T-1, real iff token t is (left-aligned rows).
+
+        The draft cache is sized once: every pair of the generation (``max_len``, at least T + 256),
+        one propose's tree block or P-EAGLE slots, and for a batch the holes `pack` tolerates
+        (``PACK_SLACK``) plus the 8 commits between packs."""
         feats = self.single._target_feats(out.hidden, out.aux)
         feats = feats.masked_fill(~valid[..., None], 0)  # padding's features are never read; keep them finite
         B, T = prompt_ids.shape
-        if self.max_len is None:
-            self.kv = RaggedKV(prompt_ids.new_empty(B, 0))
-        else:  # room for every pair of the generation plus one propose's tree block
-            s = self.single
-            tree = (s.depth - 1) * s.top_k
-            cap = max(self.max_len, T + 256) + tree
-            self.kv = StaticDraftKV(cap, max(s.top_k, s.depth + 2), prompt_ids.device)
-        self.pairs = torch.zeros(B, dtype=torch.long, device=prompt_ids.device)
+        s, device = self.single, prompt_ids.device
+        rows = max(s.top_k, 2 * s.depth + 2)  # queries of a tree step, a commit after one step
+        cap = max(self.max_len, T + 256) + max((s.depth - 1) * s.top_k, s.depth)
+        if self.one_row:
+            self.kv = StaticDraftKV(cap, max(s.top_k, s.depth + 2), device)
+        else:
+            cap += PACK_SLACK + 8 * rows
+            self.kv = StaticRaggedKV(prompt_ids.new_empty(B, 0), cap)
+            self.masks = BatchDraftMasks(B, rows, cap, device, s.head.fc.weight.dtype)
+        self.pairs = torch.zeros(B, dtype=torch.long, device=device)
         self.pending_tokens, self.pending_feats = prompt_ids[:, 1:], feats[:, :-1]
         self.pending_ok = valid[:, :-1]
         self.last_feat = feats[:, -1]
+
+    def commit_mask(self, ok: Tensor, dtype: torch.dtype) -> Tensor:
+        """ok [B, m] -> the [B, 1, m, slots + m] mask of a commit of m pairs (room reserved for them)."""
+        if self.one_row:
+            return self.kv.commit_mask(ok, dtype)
+        self.kv.reserve(ok.shape[1])
+        return self.masks.commit(self.kv, ok, dtype)
+
+    def pack(self) -> None:
+        """Every 8th commit of a batch, close the padding holes once they exceed ``PACK_SLACK`` (the
+        check reads the fill back: a sync; one row has no holes)."""
+        self.commits += 1
+        if not self.one_row and self.commits % 8 == 0:
+            self.kv.pack(slack=PACK_SLACK)
 
     def advance(self, tokens: Tensor, hidden: Tensor, aux: tuple[Tensor, ...], length: Tensor) -> None:
         """New pairs (tokens[b, i], feature[b, i-1]) for i = 1..length[b]-1."""
@@ -222,19 +269,13 @@ class BatchEagle(BatchProposer):
         feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
         ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
         pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
-        dtype = s.head.fc.weight.dtype
-        if isinstance(self.kv, StaticDraftKV):
-            mask = self.kv.commit_mask(ok, dtype)
-        else:
-            mask = _ragged_commit_mask(self.kv, ok, dtype)
+        mask = self.commit_mask(ok, s.head.fc.weight.dtype)
         out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0), attention_mask=mask,
                      cache=self.kv.cache)  # fmt: skip
         self.kv.extend(torch.where(ok, pos, -1))
         self.pairs = self.pairs + ok.sum(1)
         self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
-        self.commits += 1
-        if toks.shape[0] > 1 and self.commits % 8 == 0:  # one row has no holes; the check syncs
-            self.kv.pack()
+        self.pack()
         return out[:, -1]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
@@ -256,10 +297,10 @@ class BatchEagle(BatchProposer):
         f_cid = torch.arange(K, device=device).expand(B, K)
         f_tok, f_score, f_feat = top_tok, top.values, f_root[:, None].expand(-1, K, -1)
         C, root_pos = self.kv.slots, self.pairs - 1
-        if isinstance(self.kv, StaticDraftKV):  # a view of its buffer, reset by `crop`
+        if self.one_row:  # a view of its buffer, reset by `crop`
             mask = self.kv.tree_mask(K, (D - 1) * K, dtype)
-        else:
-            mask = _ragged_tree_mask(self.kv, K, (D - 1) * K, dtype)
+        else:  # a view of the batch's mask buffer, rewritten by the next call
+            mask = self.masks.tree(self.kv, K, (D - 1) * K)[:, 0]
         for d in range(1, D):  # as `EagleProposer.propose`, with a row dimension
             hi = C + d * K
             mask[:, :, hi - K : hi] = eye

@@ -219,6 +219,7 @@ def speculative_generate(
     if job.limit == 0:
         seq, stats = job.input_ids.clone(), GenerationStats()
     elif job.batched:
+        proposer.plan(job.input_ids.shape[1] + job.limit)  # sizes a batch's draft cache too
         seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer)
     else:
         seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile)

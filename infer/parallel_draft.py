@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from infer.cache import StaticDraftKV
 from infer.draft import root_only_rows, row_of
-from infer.eagle_draft import BatchEagle, EagleProposer, _ragged_commit_mask
+from infer.eagle_draft import BatchEagle, EagleProposer
 from infer.tree import DraftTree
 
 
@@ -44,19 +43,19 @@ class ParallelProposer(EagleProposer):
         super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens)
 
     def start(self, prompt_ids: Tensor, out) -> None:
-        self._rows = BatchParallel(self, max_len=self.max_len)
+        self._rows = BatchParallel(self, max_len=self.max_len, one_row=True)
         self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         return row_of(self._rows.propose(root.view(1), max_depth))
 
     def batched(self) -> BatchParallel:
-        return BatchParallel(self)
+        return BatchParallel(self, max_len=self.max_len, one_row=False)
 
 
 class BatchParallel(BatchEagle):
-    """`ParallelProposer`'s drafting for a batch (a `RaggedKV`) or one row (a `StaticDraftKV`); the
-    pending pairs as `BatchEagle`'s."""
+    """`ParallelProposer`'s drafting for a batch (a `StaticRaggedKV` and `BatchDraftMasks`) or one row
+    (a `StaticDraftKV`); the pending pairs as `BatchEagle`'s."""
 
     def _commit_with_slots(self, root: Tensor, slots: int) -> Tensor:
         """One draft forward over every row's pending pairs, its root pair and ``slots`` placeholders ->
@@ -70,24 +69,16 @@ class BatchParallel(BatchEagle):
         pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
         slot_pos = pos[:, -1:] + torch.arange(1, slots + 1, device=device)  # after the root: depths 2..
         all_ok = torch.cat([ok, torch.ones(B, slots, dtype=torch.bool, device=device)], 1)
-        dtype = s.head.fc.weight.dtype
-        if isinstance(kv, StaticDraftKV):
-            mask = kv.commit_mask(all_ok, dtype)
-        else:
-            mask = _ragged_commit_mask(kv, all_ok, dtype)
+        mask = self.commit_mask(all_ok, s.head.fc.weight.dtype)
         out = s.head(toks, feats, s.embed, position_ids=torch.cat([pos.clamp(min=0), slot_pos], 1),
                      attention_mask=mask, cache=kv.cache, placeholders=slots)  # fmt: skip
         kv.extend(torch.where(ok, pos, -1))
-        if isinstance(
-            kv, StaticDraftKV
-        ):  # its placeholder mask columns are reset (and their KV dropped) by crop
+        if self.one_row:  # its placeholder mask columns are reset (and their KV dropped) by crop
             kv.tree_end = kv.slots + slots
         kv.crop(kv.slots)
         self.pairs = self.pairs + ok.sum(1)
         self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
-        self.commits += 1
-        if B > 1 and self.commits % 8 == 0:  # as BatchEagle: close the padding holes now and then
-            kv.pack()
+        self.pack()
         return out[:, m - 1 :]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:

@@ -255,3 +255,74 @@ def test_batch_greedy_identity_eagle_trained(arch, side, kind):
         assert diverged(out)
     assert max(out.stats.accepted_lengths) >= 5, out.stats.accepted_lengths
 
+
+
+def draft_storage(proposer) -> tuple:
+    """(rows, the data pointers of the draft cache's KV buffers, its slot-position buffer and its mask
+    buffers) of a batched EAGLE / P-EAGLE proposer."""
+    kv, masks = proposer.kv, proposer.masks
+    assert isinstance(kv, StaticRaggedKV) and len(kv.cache.layers) == 1
+    cache = tuple(t.data_ptr() for layer in kv.cache.layers for t in (layer.keys, layer.values))
+    bufs = (*masks.mask.vis.values(), *masks.mask.add.values(), masks.mask.filled, masks.none)
+    return kv.pos.shape[0], cache, kv.buf.data_ptr(), tuple(t.data_ptr() for t in bufs if t is not None)
+
+
+def check_draft_in_place(monkeypatch, batch_cls, m, ids, mask, n: int, pack: bool) -> object:
+    """Generate with a spy on ``batch_cls.propose`` and on the draft head's inputs: the draft's cache,
+    slot positions and masks keep their storage through every step at each batch size (KV and
+    positions re-allocated once when a row leaves, masks never), every draft forward after the
+    prompt's commit reads its mask from the mask buffer, and with ``pack`` (no holes tolerated) the
+    packing moves happen in place. Returns the generate output."""
+    import infer.eagle_draft as eagle_draft
+
+    if pack:
+        monkeypatch.setattr(eagle_draft, "PACK_SLACK", 0)
+    seen, masks, current = [], [], {}
+    propose, take = batch_cls.propose, StaticRaggedKV.take
+    moves = []
+
+    def spy_propose(self, root, max_depth):
+        current["p"] = self
+        tree = propose(self, root, max_depth)
+        seen.append(draft_storage(self))
+        return tree
+
+    def spy_take(self, *args):
+        if self is getattr(current.get("p"), "kv", None):
+            moves.append(1)
+        return take(self, *args)
+
+    def spy_head(module, args, kwargs):
+        masks.append(kwargs["attention_mask"].untyped_storage().data_ptr())
+
+    monkeypatch.setattr(batch_cls, "propose", spy_propose)
+    monkeypatch.setattr(StaticRaggedKV, "take", spy_take)
+    hook = m.heads.register_forward_pre_hook(spy_head, with_kwargs=True)
+    try:
+        out = infer.generate(m, ids, attention_mask=mask, max_new_tokens=n)
+    finally:
+        hook.remove()
+    sizes = [s[0] for s in seen]
+    assert sizes[0] == ids.shape[0] and sizes[-1] < ids.shape[0] and sorted(sizes, reverse=True) == sizes
+    for size in set(sizes):
+        assert len({s for s in seen if s[0] == size}) == 1, f"draft buffers re-allocated at batch size {size}"
+    assert max(map(sizes.count, sizes)) >= 3 and len({s[3] for s in seen}) == 1
+    buffers = {t.untyped_storage().data_ptr() for t in current["p"].masks.mask.add.values()}
+    assert len(masks) >= 3 and all(ptr in buffers for ptr in masks[1:]), "a mask built per step"
+    assert bool(moves) == pack
+    return out
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_batch_eagle_draft_cache_and_masks_are_written_in_place(monkeypatch, pack):
+    """`BatchEagle`'s draft cache is a `StaticRaggedKV` and its masks one `BatchTreeMask`, allocated
+    once per generation (`check_draft_in_place`); the rows stay exact."""
+    from infer.eagle_draft import BatchEagle
+
+    target = draft_target("llama")
+    m = infer.SpecModel(target, trained_draft("eagle", "llama", steps=40))
+    rows = [extra_prompt(6, 100), extra_prompt(6, 101), extra_prompt(9, 5), extra_prompt(4, 6)]
+    ids, mask = padded(rows, "left")
+    out = check_draft_in_place(monkeypatch, BatchEagle, m, ids, mask, 30, pack)
+    check_rows(target, out, rows, ids, 30)
+    assert diverged(out)

@@ -12,7 +12,7 @@ import json
 import pytest
 import test_train
 import torch
-from test_batch import check_rows, diverged, extra_prompt, padded
+from test_batch import check_draft_in_place, check_rows, diverged, extra_prompt, padded
 from test_distribution import check_eagle_law, small_target  # noqa: F401 (small_target: a fixture)
 from test_eagle3 import node_paths, reference_greedy, self_generated, target, trained_head
 from test_eagle31 import make_head, training_logits
@@ -22,7 +22,7 @@ from transformers import DynamicCache
 import infer
 from heads import Eagle3Config, Eagle3Head, TargetOutput, load_heads, run_target, save_heads
 from infer.eagle_draft import EagleProposer
-from infer.parallel_draft import ParallelProposer
+from infer.parallel_draft import BatchParallel, ParallelProposer
 
 V, H, VD = 96, 32, 64
 K = 4  # parallel slots
@@ -212,7 +212,7 @@ def test_greedy_identity_trained_heads_accept_deep(arch):
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_batch_greedy_identity_trained_heads(side):
     """A batch of 4 prompts of different lengths (padded on ``side``) through `BatchParallel` on a
-    `RaggedKV`: every row equals target.generate of its prompt alone, rows accept different amounts."""
+    `StaticRaggedKV`: every row equals target.generate of its prompt alone, rows accept different amounts."""
     m = target("llama")
     head, _ = trained_head("llama", parallel=K)
     seeded = [torch.randint(3, V, (6,), generator=torch.Generator().manual_seed(i)) for i in (100, 101)]
@@ -276,3 +276,17 @@ def test_sequential_heads_keep_the_sequential_proposer():
     m = target("llama")
     prop = infer.SpecModel(m, Eagle3Head.for_target(m)).proposer()
     assert type(prop) is EagleProposer
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_batch_draft_cache_and_masks_are_written_in_place(monkeypatch, pack):
+    """`BatchParallel`'s draft cache (a `StaticRaggedKV`) and masks (one `BatchTreeMask`) are allocated
+    once per generation and written in place (test_batch.check_draft_in_place); the rows stay exact."""
+    m = target("llama")
+    head, _ = trained_head("llama", parallel=K)
+    seeded = [torch.randint(3, V, (6,), generator=torch.Generator().manual_seed(i)) for i in (100, 101)]
+    rows = [*seeded, extra_prompt(9, 5), extra_prompt(4, 6)]
+    ids, mask = padded(rows, "left")
+    out = check_draft_in_place(monkeypatch, BatchParallel, infer.SpecModel(m, head), ids, mask, 30, pack)
+    check_rows(m, out, rows, ids, 30)
+    assert diverged(out)
