@@ -296,9 +296,11 @@ def tiny_demo_heads(tmp_path_factory):
 def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, capsys):
     """scripts/demo_generate.py and scripts/profile_generate.py's code on the tiny demo target."""
     common = ["--target", "demo-tiny", "--heads", tiny_demo_heads, "--prompts", "2", "--max-new-tokens", "6"]
-    rows = side_by_side.main([*common, "--threads", "1"])
+    rows = side_by_side.main([*common, "--threads", "1", "--dtype", "fp32"])
     assert len(rows) == 2 and all(r["identical"] for r in rows) and all(r["tau"] >= 1 for r in rows)
-    assert "identical outputs 2/2 prompts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "exactness (fp32): greedy output token-identical to target.generate: identical outputs 2/2 prompts" in out
+    assert "exactness (bf16, untimed): greedy output token-identical" in out  # timed in fp32: bf16 counted too
     out = tmp_path / "profile.json"
     results = profile.main(
         [*common, "--dtype", "fp32", "--repeats", "1", "--threads", "1", "--json", str(out)]

@@ -305,7 +305,7 @@ def test_demo_generate_compares_three_ways_and_checks_exactness_in_both_dtypes(t
         and "| prompt lookup (3) |" in out
         and "| heads (medusa, static tree) |" in out
     )
-    assert "exactness (fp32): greedy output token-identical to target.generate: identical outputs 2/2" in out
+    assert "exactness (fp32, untimed): greedy output token-identical to target.generate: identical outputs 2/2" in out
     assert "exactness (bf16): " in out
     assert len(rows) == 2 and all(r["identical"] and r["tau"] >= 1 for r in rows)
     report = json.loads((tmp_path / "o" / "results.json").read_text())

@@ -14,9 +14,10 @@ the exactness check:
 
 - fp32: the heads' greedy output must be token-identical to ``target.generate`` in fp32 on every prompt
   (run again in fp32 when the timed dtype is bf16); any difference is a bug and exits with status 1;
-- bf16 (when the timed dtype is bf16): how many outputs were identical, and for each divergence the
-  target's own logit margin between the two tokens at that point (a near-tie flip from rounding when it
-  is within the tie tolerance, `infer.benchmark.run.DEFAULT_TIE_TOL`; else a bug, status 1).
+- bf16 (in the timed run when that is bf16, else in an untimed bf16 run unless ``--no-bf16-check``): how
+  many outputs were identical, and for each divergence the target's own logit margin between the two
+  tokens at that point (a near-tie flip from rounding when it is within the tie tolerance,
+  `infer.benchmark.run.DEFAULT_TIE_TOL`; else a bug, status 1).
 
 ``--out DIR`` also writes results.json (the settings, the machine and every number printed).
 Timings are this machine's; they are not asserted anywhere.
@@ -79,6 +80,13 @@ class DemoGenerateOptions:
         default=False,
         metadata=_help(
             "heads with a PEFT adapter (Medusa-2): merge it into the target weights (base-model speed)"
+        ),
+    )
+    bf16_check: bool = field(
+        default=True,
+        metadata=_help(
+            "when the timed dtype is fp32, also count identical outputs in bf16 (untimed), each divergence "
+            "with the target's own logit margin"
         ),
     )
     out: str | None = field(default=None, metadata=_help("directory for results.json (default: none)"))
@@ -165,7 +173,7 @@ def _exactness_line(name: str, row: dict, mismatches: list[dict], label: str, ti
 
 
 def side_by_side(o: DemoGenerateOptions) -> tuple[list[dict], dict]:
-    """Measure in the fast dtype, check exactness in fp32 (and in bf16 when that is the fast one).
+    """Measure in the fast dtype, check exactness in fp32 and in bf16 (either one untimed if not the fast one).
 
     Returns (the heads' per-prompt rows in the exactness dtype fp32: ``identical``, ``tau``; the report)."""
     chosen = fast_precision(o.dtype)
@@ -180,9 +188,13 @@ def side_by_side(o: DemoGenerateOptions) -> tuple[list[dict], dict]:
     if chosen.name != "fp32":  # the timed run was bf16: exactness in fp32 needs its own (untimed) run
         rows32, mm32, tol32, _, _ = _run(o, torch.float32, with_lookup=False, warmup=0)
         checks["fp32"] = (rows32[label], mm32, tol32)
+    elif o.bf16_check:  # fp32 was faster here; users with native bf16 serve in bf16, so show its count too
+        rows16, mm16, tol16, _, _ = _run(o, torch.bfloat16, with_lookup=False, warmup=0)
+        checks["bf16"] = (rows16[label], mm16, tol16)
     for name in ("fp32", *(k for k in checks if k != "fp32")):
         row, mm, tol = checks[name]
-        lines.append(_exactness_line(name, row, mm, label, tol))
+        untimed = ", untimed" if name != chosen.name else ""
+        lines.append(_exactness_line(name + untimed, row, mm, label, tol))
     print("\n" + "\n".join(lines), flush=True)
     row32, mm32, _ = checks["fp32"]
     bad = {
