@@ -5,8 +5,9 @@ whole context (what ``scripts/bench_length.py`` runs; measured, never asserted).
         [--repeats 2] [--threads 1] [--train-steps 300]
 
 On a demo target (``demo-tiny``, or ``demo`` for the full one) with heads trained here by the trainers
-of `infer.benchmark.batch` (Medusa: 4 heads; EAGLE-1: one draft layer), for a short prompt (16 tokens)
-and a long one (half the context, demo texts concatenated), one greedy run of `infer.generate` and one
+of `infer.benchmark.batch` (Medusa: 4 heads; EAGLE-1: one draft layer) or heads given as ``LABEL=DIR``
+(trained by ``train/train_heads.py`` for that target; their saved tree or EAGLE-2 budget), for a short
+prompt (16 tokens) and a long one (half the context, demo texts concatenated), one greedy run of `infer.generate` and one
 of ``target.generate`` each make every token up to the end of the context (EOS switched off; the
 speculative run stops ``depth + 1`` short, so that every tree node's position is inside the context).
 A streamer timestamps every ``put``: for `infer.generate` one put per verify step (its accepted tokens),
@@ -47,7 +48,12 @@ class BenchLengthOptions:
 
     out: str = field(default="results/length", metadata={"help": "output directory"})
     target: str = field(default="demo-tiny", metadata={"help": "demo-tiny or demo (the full demo target)"})
-    heads: list[str] = field(default_factory=lambda: ["eagle"], metadata={"help": "medusa, eagle"})
+    heads: list[str] = field(
+        default_factory=lambda: ["eagle"],
+        metadata={
+            "help": "medusa or eagle (heads trained here), or LABEL=DIR (trained heads of that target)"
+        },
+    )
     repeats: int = field(default=2, metadata={"help": "interleaved repeats (median reported)"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
     train_steps: int = field(default=300, metadata={"help": "Adam steps for the heads trained here"})
@@ -191,9 +197,13 @@ def plot(cells: list[dict], path: str, title: str) -> None:
 
 
 def markdown(report: dict) -> str:
+    heads = ", ".join(
+        h.replace("=", " from ") if "=" in h else f"{h} trained here for {report['train_steps']} steps"
+        for h in report["heads"]
+    )
     lines = [f"# Cost against length ({report['target']})", "", f"`{report['command']}`", "",
              f"{report['machine']}; {report['date']}; greedy, fp32, EOS off; median of {report['repeats']} "
-             f"interleaved repeats; heads trained here for {report['train_steps']} steps; context "
+             f"interleaved repeats; heads {heads}; context "
              f"{report['context']}.", ""]  # fmt: skip
     for c in report["cells"]:
         lines += [f"## {c['heads']}, {c['prompt']} prompt ({c['prompt_len']} tokens), identical: {c['identical']}",
@@ -211,8 +221,10 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
     if opts.target not in ("demo-tiny", "demo"):
         raise SystemExit(f"--target must be demo-tiny or demo, got {opts.target!r}")
     trainers = {"medusa": train_medusa, "eagle": train_eagle}
-    if unknown := [h for h in opts.heads if h not in trainers]:
-        raise SystemExit(f"unknown --heads {unknown}: choose from {sorted(trainers)}")
+    if unknown := [h for h in opts.heads if h not in trainers and "=" not in h]:
+        raise SystemExit(f"unknown --heads {unknown}: choose from {sorted(trainers)} or give LABEL=DIR")
+    if missing := [h for h in opts.heads if "=" in h and not os.path.isdir(h.split("=", 1)[1])]:
+        raise SystemExit(f"--heads {missing}: no such heads directory")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
     path = resolve_demo_target(opts.target)
@@ -220,11 +232,14 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
     target.generation_config.eos_token_id = None  # every run goes to the end of the context
-    seqs = self_text(target, tokenizer, data_dir)
     specs = {}
-    for name in opts.heads:
-        with torch.enable_grad():
-            specs[name] = infer.SpecModel(target, trainers[name](target, seqs, opts.train_steps))
+    for name, path_ in (h.split("=", 1) for h in opts.heads if "=" in h):
+        specs[name] = infer.load(target, heads=path_)
+    if trained := [h for h in opts.heads if "=" not in h]:
+        seqs = self_text(target, tokenizer, data_dir)
+        for name in trained:
+            with torch.enable_grad():
+                specs[name] = infer.SpecModel(target, trainers[name](target, seqs, opts.train_steps))
     ctx = target.config.max_position_embeddings
     texts = corpus_ids(tokenizer, f"{data_dir}/prompts.jsonl", 64, ctx)
     long = torch.cat(texts)[: ctx // 2]
