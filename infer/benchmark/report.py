@@ -51,7 +51,12 @@ def markdown(report: dict) -> str:
         tau = fmt(r["tau"]) + (f" ({q['p10']:.0f}/{q['p50']:.0f}/{q['p90']:.0f})" if q else "")
         t = r["tokens_per_s"]
         split = r["time_split_s"]
-        split_s = "/".join(f"{split[k]:.1f}" for k in ("draft", "verify", "bookkeeping")) if split else "n/a"
+        split_s = (
+            "/".join(f"{split[k]:.1f}" for k in ("draft", "verify", "bookkeeping"))
+            + f" ({100 * split['draft'] / split['total']:.0f}% draft)"
+            if split
+            else "n/a"
+        )
         ident = "-" if r["identical"] is None else f"{r['identical']}/{r['n_prompts']}"
         if r["near_tie_flips"]:
             ident += f" ({r['near_tie_flips']} near-tie)"
