@@ -68,6 +68,7 @@ class CompiledStep:
         n = num_layers(target)
         self.n, self.wanted = n, [i + n + 1 if i < 0 else i for i in aux_layers]
         self.caught: dict[int, Tensor] = {}
+        self._hook_out = self._catch_output  # one bound method object, registered at every call
         self._hook_at = {i: self._catch_input(i) for i in sorted(set(self.wanted)) if i < n}
         self.cache_kw = _cache_kwarg(type(unwrap_peft(target)))
         self.lock = threading.Lock()
@@ -93,7 +94,7 @@ class CompiledStep:
     def hooks(self, target: nn.Module) -> Iterator[None]:
         """The catching hooks on ``target`` inside the block only."""
         inner = unwrap_peft(target)
-        handles = [inner.base_model.register_forward_hook(self._catch_output)]
+        handles = [inner.base_model.register_forward_hook(self._hook_out)]
         try:
             if self._hook_at:
                 layers = decoder_layers(inner)

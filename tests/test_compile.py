@@ -48,7 +48,10 @@ def target_and_spec(kind: str):
             infer.SpecModel(target, MedusaHeads.for_target(target, num_heads=3).eval(), tree=chain(3)),
             {},
         )
-    head = (EagleHead if kind == "eagle" else Eagle3Head).for_target(target, draft_layer="llama").eval()
+    if kind == "peagle":  # P-EAGLE: one draft forward per step over the pairs and 3 placeholder slots
+        head = Eagle3Head.for_target(target, draft_layer="llama", parallel_draft=3).eval()
+    else:
+        head = (EagleHead if kind == "eagle" else Eagle3Head).for_target(target, draft_layer="llama").eval()
     return target, infer.SpecModel(target, head), EAGLE_TREE
 
 
@@ -109,7 +112,7 @@ def test_compiled_step_outputs_equal_eager():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "peagle"])
 def test_draft_steps_compiled_without_graph_breaks(kind):
     """Batch 1: greedy output under compile="eager" equals target.generate's; the verify step and the draft
     step were compiled, and dynamo met no graph break anywhere in them."""
