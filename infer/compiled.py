@@ -16,6 +16,10 @@ Hooks: the verify step catches the hidden states the proposer reads with forward
 target, registered around each call only (so plain ``target(...)`` calls never see them) and with the
 same bound methods every time. Dynamo does not guard on module hooks (``skip_nnmodule_hook_guards``),
 so re-registering them does not recompile; the traced graph returns the caught states itself.
+
+Limits: dynamo's ``recompile_limit`` (8 graphs per function) is shared by every target in the process;
+past it the step runs eagerly (correct, with a dynamo warning). A size of 1 is specialised by dynamo,
+so a root-only tree, a batch down to one row and each Medusa tree cut add one graph the first time.
 """
 
 from __future__ import annotations
