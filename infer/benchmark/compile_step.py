@@ -12,7 +12,8 @@ produces the same tokens with and without compile (greedy identity with ``target
 checked per call), so the two settings do the same steps. Per call: wall seconds (the first compiled
 call includes compiling), tokens/s, identity, and the graphs dynamo compiled during the call, per
 step (the verify step, the Medusa step, the EAGLE step: cache entries of their code objects); at the
-end the graph breaks dynamo met (its counters). Writes ``bench_compile.json`` / ``bench_compile.md``
+end the graph breaks dynamo met (its counters). ``--cold`` (default) compiles into an empty inductor
+cache, so that the first call's time is a cold compile. Writes ``bench_compile.json`` / ``bench_compile.md``
 to ``--out``.
 """
 
@@ -23,6 +24,7 @@ import datetime
 import json
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -55,6 +57,8 @@ class BenchCompileOptions:
     max_new_tokens: int = field(default=64, metadata={"help": "new tokens per call"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
     backend: str = field(default="inductor", metadata={"help": "torch.compile backend"})
+    cold: bool = field(default=True, metadata={"help": "compile into an empty inductor cache (a temporary "
+                       "TORCHINDUCTOR_CACHE_DIR), so the first compiled call is a cold compile"})  # fmt: skip
 
 
 def graphs() -> dict[str, int]:
@@ -112,7 +116,8 @@ def bench_kind(target, kind: str, opts: BenchCompileOptions) -> dict:
 
 def markdown(report: dict) -> str:
     lines = ["# compile= on CPU (demo-tiny)", "", f"`{report['command']}`", "",
-             f"{report['machine']}; {report['date']}; backend {report['backend']}", ""]  # fmt: skip
+             f"{report['machine']}; {report['date']}; backend {report['backend']}, inductor cache "
+             f"{'empty at the start (cold compile)' if report['options']['cold'] else 'as found'}", ""]  # fmt: skip
     for kind, res in report["heads"].items():
         s = res["summary"]
         ratio = (s["compiled_tokens_per_s"] or 0) / (s["eager_tokens_per_s"] or 1)
@@ -135,6 +140,26 @@ def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
     if bad or not kinds:
         raise ValueError(f"--heads takes medusa, eagle, eagle3 (comma-separated); got {opts.heads!r}")
     torch.set_num_threads(opts.threads)
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="inductor-cache-") as tmp:
+        if opts.cold:  # inductor keeps compiled graphs on disk: a second run would skip most of the compiling
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        try:
+            report = _run(opts, argv, kinds)
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+    os.makedirs(opts.out, exist_ok=True)
+    text = markdown(report)
+    atomic_text(os.path.join(opts.out, "bench_compile.json"), json.dumps(report, indent=1) + "\n")
+    atomic_text(os.path.join(opts.out, "bench_compile.md"), text)
+    print(text)
+    return report
+
+
+def _run(opts: BenchCompileOptions, argv: list[str], kinds: list[str]) -> dict:
     path = resolve_demo_target("demo-tiny")
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     target.generation_config.eos_token_id = None
@@ -145,9 +170,4 @@ def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
               "heads": {k: bench_kind(target, k, opts) for k in kinds}}  # fmt: skip
     report["graph_breaks"] = sum(counters["graph_break"].values())
     report["graph_break_reasons"] = [str(r)[:300] for r in counters["graph_break"]]
-    os.makedirs(opts.out, exist_ok=True)
-    text = markdown(report)
-    atomic_text(os.path.join(opts.out, "bench_compile.json"), json.dumps(report, indent=1) + "\n")
-    atomic_text(os.path.join(opts.out, "bench_compile.md"), text)
-    print(text)
     return report
