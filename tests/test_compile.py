@@ -160,7 +160,7 @@ def test_verify_step_traces_as_one_graph():
     step = compiled_step(target, (0,), "eager")
     tokens = torch.tensor([[5, 6, 7]])
     mask = runner.mask(torch.ones(3, 3, dtype=torch.bool).tril(), runner.past)
-    with attention_implementation(target, ATTN_IMPLEMENTATION), step.hooks(target):
+    with attention_implementation(target, ATTN_IMPLEMENTATION), step.hooks():
         explained = torch._dynamo.explain(step._forward)(
             target, tokens, mask, runner.past + torch.arange(3)[None], runner.cache
         )
