@@ -112,15 +112,13 @@ class EagleProposer(Proposer):
             self._const[key] = (eye, depth)
         return self._const[key]
 
-    def _target_ids(self, draft_ids: Tensor) -> Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
     def step(self, tokens: Tensor, feats: Tensor, pos: Tensor, mask: Tensor, cache, tail: int = 0,
              placeholders: int = 0) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """`draft_step` with this proposer's head, embedding, lm_head, vocabulary map and top-k, under
-        ``torch.compile`` when `compile` set a backend. The inputs are made contiguous (a frontier's
+        ``torch.compile`` when `compile` set a backend; then the inputs are made contiguous (a frontier's
         expanded features and positions have stride 0), so that strides do not multiply the graphs."""
-        tokens, feats, pos = tokens.contiguous(), feats.contiguous(), pos.contiguous()
+        if self.backend is not None:
+            tokens, feats, pos = tokens.contiguous(), feats.contiguous(), pos.contiguous()
         return compiled(draft_step, self.backend)(self.head, self.embed, self.lm_head, self.d2t, tokens, feats,
                                                   pos, mask, cache, self.top_k, tail, placeholders)  # fmt: skip
 
