@@ -5,16 +5,17 @@
 
 On the demo-tiny target, greedy, for each head type (untrained heads, seeded: Medusa 3 heads on a
 3-token chain, EAGLE-1/2 and EAGLE-3 on a depth-4, top-4, 16-token dynamic tree; the drafts are
-mostly rejected, so this measures the cost of a step, not τ): ``--calls`` consecutive
-`infer.generate` calls on one 16-token prompt without compile, then ``--calls`` with
-``compile=--backend``, then one compiled call on a 24-token prompt (another length). Every call
-produces the same tokens with and without compile (greedy identity with ``target.generate`` is
-checked per call), so the two settings do the same steps. Per call: wall seconds (the first compiled
-call includes compiling), tokens/s, identity, and the graphs dynamo compiled during the call, per
-step (the verify step, the Medusa step, the EAGLE step: cache entries of their code objects); at the
-end the graph breaks dynamo met (its counters). ``--cold`` (default) compiles into an empty inductor
-cache, so that the first call's time is a cold compile. Writes ``bench_compile.json`` / ``bench_compile.md``
-to ``--out``.
+mostly rejected, so this measures the cost of a step, not τ): on one 16-token prompt, an eager
+warm-up call, the first call with ``compile=--backend`` (it compiles), then ``--calls`` pairs of an
+eager and a compiled call, interleaved (the cores are shared: load changes hit both settings alike),
+then one compiled call on a 24-token prompt (another length). Every call produces the same tokens
+with and without compile (greedy identity with ``target.generate`` is checked per call), so the two
+settings do the same steps. Per call: wall seconds (the first compiled call includes compiling),
+tokens/s, identity, and the graphs dynamo compiled during the call, per step (the verify step, the
+Medusa step, the EAGLE step: cache entries of their code objects); per head type the medians and the
+per-pair compiled / eager ratio; at the end the graph breaks dynamo met (its counters). ``--cold``
+(default) compiles into an empty inductor cache, so that the first call's time is a cold compile.
+Writes ``bench_compile.json`` / ``bench_compile.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -87,27 +88,33 @@ def timed_call(target, spec, tree: dict, prompt: torch.Tensor, n: int, compile) 
 
 
 def bench_kind(target, kind: str, opts: BenchCompileOptions) -> dict:
-    """Eager calls, compiled calls, one compiled call at another prompt length -> rows and a summary."""
+    """One eager warm-up call, the first compiled call (compiling), then ``calls`` pairs of an eager and a
+    compiled call (interleaved, so that a change of load on shared cores hits both settings alike), then
+    one compiled call at another prompt length -> rows and a summary."""
     spec, tree = spec_for(target, kind)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(4, target.config.vocab_size, (1, 16), generator=gen)
     other = torch.randint(4, target.config.vocab_size, (1, 24), generator=gen)
-    rows = []
-    for compile in (False, opts.backend):
-        for i in range(opts.calls):
-            rows.append({"compile": compile or "off", "call": i} | timed_call(target, spec, tree, prompt,
-                                                                             opts.max_new_tokens, compile))  # fmt: skip
-            print(kind, rows[-1], flush=True)
-    rows.append({"compile": opts.backend, "call": opts.calls}
-                | timed_call(target, spec, tree, other, opts.max_new_tokens, opts.backend))  # fmt: skip
-    print(kind, rows[-1], flush=True)
-    eager = [r["tokens_per_s"] for r in rows if r["compile"] == "off"][1:]
-    steady = [r["tokens_per_s"] for r in rows if r["compile"] != "off"][1 : opts.calls]
-    first = next(r for r in rows if r["compile"] != "off")
+    n, rows = opts.max_new_tokens, []
+
+    def call(compile, index: int, ids: torch.Tensor) -> dict:
+        rows.append(
+            {"compile": compile or "off", "call": index} | timed_call(target, spec, tree, ids, n, compile)
+        )
+        print(kind, rows[-1], flush=True)
+        return rows[-1]
+
+    call(False, 0, prompt)
+    first = call(opts.backend, 0, prompt)
+    pairs = [(call(False, i, prompt), call(opts.backend, i, prompt)) for i in range(1, opts.calls + 1)]
+    call(opts.backend, opts.calls + 1, other)
     later = [r for r in rows if r["compile"] != "off"][1:]
-    summary = {"first_compiled_call_s": first["seconds"],
-               "eager_tokens_per_s": statistics.median(eager) if eager else None,
-               "compiled_tokens_per_s": statistics.median(steady) if steady else None,
+    ratios = [c["tokens_per_s"] / e["tokens_per_s"] for e, c in pairs]
+    summary = {"first_compiled_call_s": first["seconds"], "pairs": len(pairs),
+               "eager_tokens_per_s": statistics.median(e["tokens_per_s"] for e, _ in pairs),
+               "compiled_tokens_per_s": statistics.median(c["tokens_per_s"] for _, c in pairs),
+               "paired_ratio_median": statistics.median(ratios),
+               "paired_ratio_range": [min(ratios), max(ratios)],
                "recompiled_in_later_calls": {f"call {r['call']} (prompt {r['prompt_len']})": r["new_graphs"]
                                              for r in later},
                "graphs_first_call": first["new_graphs"]}  # fmt: skip
@@ -120,16 +127,17 @@ def markdown(report: dict) -> str:
              f"{'empty at the start (cold compile)' if report['options']['cold'] else 'as found'}", ""]  # fmt: skip
     for kind, res in report["heads"].items():
         s = res["summary"]
-        ratio = (s["compiled_tokens_per_s"] or 0) / (s["eager_tokens_per_s"] or 1)
         lines += [f"## {kind}", "", "| compile | call | prompt | seconds | tokens/s | τ | identical | new graphs |",
                   "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in res["rows"]:
             g = ", ".join(f"{k} {v}" for k, v in r["new_graphs"].items() if v) or "none"
             lines.append(f"| {r['compile']} | {r['call']} | {r['prompt_len']} | {r['seconds']:.2f} | "
                          f"{r['tokens_per_s']:.1f} | {r['tau']:.2f} | {r['identical']} | {g} |")  # fmt: skip
-        lines += ["", f"first compiled call {s['first_compiled_call_s']:.1f} s; steady state (median of calls "
-                  f"1..) {s['compiled_tokens_per_s']:.1f} tokens/s compiled against {s['eager_tokens_per_s']:.1f} "
-                  f"eager ({ratio:.2f}x)", ""]  # fmt: skip
+        lo, hi = s["paired_ratio_range"]
+        lines += ["", f"first compiled call {s['first_compiled_call_s']:.1f} s; steady state (medians of the "
+                  f"{s['pairs']} interleaved pairs) {s['compiled_tokens_per_s']:.1f} "
+                  f"tokens/s compiled against {s['eager_tokens_per_s']:.1f} eager; compiled / eager per pair: "
+                  f"median {s['paired_ratio_median']:.2f}x (range {lo:.2f}-{hi:.2f}x)", ""]  # fmt: skip
     lines += [f"graph breaks met by dynamo in all compiled steps: {report['graph_breaks']}", ""]
     return "\n".join(lines)
 
