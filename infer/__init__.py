@@ -308,6 +308,14 @@ def generate(
     Unset, the drafting and acceptance arguments come from ``model.settings`` (`infer.settings.InferSettings`:
     tuned ones saved with the heads, else exact acceptance, ε 0.09, δ 0.3). ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None otherwise;
     on CUDA it synchronises around each section, so leave it off when not measuring).
+    ``compile=True`` (or a dynamo backend name, e.g. ``"aot_eager"``; default False) runs the target's
+    verify forward and the heads' draft step (Medusa: heads + lm_head + top-k; EAGLE-1/2/3 and P-EAGLE:
+    one draft-layer forward + lm_head + top-k) under ``torch.compile(dynamic=True)``, for batches too;
+    the prefill and the bookkeeping between steps stay eager, and the output is the same tokens. The
+    graphs are compiled by the first calls (minutes with inductor on a CPU) and reused by every later
+    generation in the process (other prompt lengths and new-token counts included; a new batch size or
+    tree size can add a graph): `infer.compiled`. Whether it pays depends on the machine:
+    ``results/compile/``.
     """
     s = model.settings
     return speculative_generate(

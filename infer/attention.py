@@ -46,11 +46,14 @@ def _tile_mask(mask: Tensor, groups: int) -> Tensor:
     Every layer of one forward gets the same mask object (one per layer type), so each is tiled once
     per forward. The memo holds the masks themselves, so their memory cannot be reused by another
     mask while an entry lives. `TreeMask` and `BatchTreeMask` write their buffers in place between
-    forwards but return a new view object each step, so a memo entry never matches a later step."""
+    forwards but return a new view object each step, so a memo entry never matches a later step. Under
+    ``torch.compile`` the memo is bypassed (the graph computes the tiling; a memo would be guarded on)."""
+    B, _, T, S = mask.shape
+    if torch.compiler.is_compiling():  # traced, the memo would be guarded on (a recompile per step)
+        return mask.expand(B, groups, T, S).reshape(B, 1, groups * T, S)
     for src, g, tiled in _packed:
         if src is mask and g == groups:
             return tiled
-    B, _, T, S = mask.shape
     tiled = mask.expand(B, groups, T, S).reshape(B, 1, groups * T, S)
     _packed[:] = [*_packed[-1:], (mask, groups, tiled)]
     return tiled

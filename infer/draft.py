@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.graft import TargetOutput
+from infer.compiled import compiled
 from infer.tree import DraftTree, TreeBuffers, tree_buffers, validate_paths
 
 
@@ -30,6 +31,13 @@ class Proposer:
     """Base class; ``aux_layers`` lists the ``hidden_states`` indices the heads need besides the last."""
 
     aux_layers: tuple[int, ...] = ()
+    backend: str | None = None  # `compile`: the dynamo backend of the draft step, None for eager
+
+    def compile(self, backend: str | None) -> None:
+        """Run the draft step (the heads' forward, lm_head and top-k: `medusa_topk`,
+        `infer.eagle_draft.draft_step`) under ``torch.compile`` with this dynamo backend (None: eager);
+        set by `generate` from its ``compile=`` for every call, batches included."""
+        self.backend = backend
 
     def plan(self, max_len: int) -> None:
         """Called before `start` with the longest sequence expected (prompt + new tokens), so that a
@@ -105,6 +113,18 @@ def root_only_rows(root: Tensor) -> DraftTree:
     return rows_of(replace(root_only(root[0]), tokens=root[:, None]), root.shape[0])
 
 
+def medusa_topk(heads: nn.Module, lm_head: nn.Module, hidden: Tensor, depth: int, k: int) -> Tensor:
+    """The Medusa draft step: hidden [B, H] (the last accepted position's state) -> token ids [B, D, K],
+    head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead).
+    ``depth`` and ``k`` are fixed per tree cut, so under ``torch.compile`` each cut is one graph."""
+    feats = torch.stack([blk(hidden) for blk in heads.blocks[:depth]])  # [D, B, H]
+    if heads.lm_heads is not None:
+        logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
+    else:
+        logits = lm_head(feats.to(lm_head.weight.dtype))  # [D, B, V]
+    return logits.topk(k, dim=-1).indices.transpose(0, 1)
+
+
 class MedusaProposer(Proposer):
     """Static-tree drafting with Medusa heads: node at depth d, rank k = head (d-1)'s k-th best token."""
 
@@ -160,13 +180,8 @@ class BatchMedusa(BatchProposer):
         tb = single.buffers(max_depth, root.device)
         if not tb.paths:
             return root_only_rows(root)
-        heads = single.heads
-        feats = torch.stack([blk(self.hidden) for blk in heads.blocks[: tb.max_depth]])  # [D, B, H]
-        if heads.lm_heads is not None:
-            logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
-        else:
-            logits = single.lm_head(feats.to(single.lm_head.weight.dtype))  # [D, B, V]
-        topk = logits.topk(tb.topk, dim=-1).indices.transpose(0, 1)  # [B, D, K]
+        topk = compiled(medusa_topk, single.backend)(single.heads, single.lm_head, self.hidden, tb.max_depth,
+                                                      tb.topk)  # fmt: skip
         tokens = torch.cat([root[:, None], topk.reshape(B, -1)[:, tb.cand_index]], 1)  # [B, N+1]
         return rows_of(DraftTree(tokens, tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before), B)
 

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from heads.graft import TargetOutput
 from infer.attention import BatchTreeMask
 from infer.cache import StaticDraftKV, StaticRaggedKV
+from infer.compiled import compiled
 from infer.draft import BatchProposer, Proposer, root_only_rows, row_of
 from infer.settings import DEFAULTS
 from infer.tree import DraftTree, structure_from_parents
@@ -111,8 +112,15 @@ class EagleProposer(Proposer):
             self._const[key] = (eye, depth)
         return self._const[key]
 
-    def _target_ids(self, draft_ids: Tensor) -> Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+    def step(self, tokens: Tensor, feats: Tensor, pos: Tensor, mask: Tensor, cache, tail: int = 0,
+             placeholders: int = 0) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """`draft_step` with this proposer's head, embedding, lm_head, vocabulary map and top-k, under
+        ``torch.compile`` when `compile` set a backend; then the inputs are made contiguous (a frontier's
+        expanded features and positions have stride 0), so that strides do not multiply the graphs."""
+        if self.backend is not None:
+            tokens, feats, pos = tokens.contiguous(), feats.contiguous(), pos.contiguous()
+        return compiled(draft_step, self.backend)(self.head, self.embed, self.lm_head, self.d2t, tokens, feats,
+                                                  pos, mask, cache, self.top_k, tail, placeholders)  # fmt: skip
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
@@ -135,6 +143,24 @@ class EagleProposer(Proposer):
 
     def batched(self) -> BatchEagle:
         return BatchEagle(self, max_len=self.max_len, one_row=False)
+
+
+def draft_step(head: nn.Module, embed: nn.Module, lm_head: nn.Module, d2t: Tensor | None, tokens: Tensor,
+               feats: Tensor, pos: Tensor, mask: Tensor, cache, k: int, tail: int = 0,
+               placeholders: int = 0) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The EAGLE draft step: one draft-layer forward over T pairs (tokens [B, T], features [B, T, F] at
+    positions ``pos`` [B, T], additive ``mask`` [B, 1, T + placeholders, S], the draft ``cache``
+    extended in place) and the top-k of log_softmax(lm_head f̂) at its last ``tail`` outputs (0: all)
+    -> (f̂ [B, t, H], log-probs [B, t, k], target token ids [B, t, k]; t = tail or T + placeholders).
+    ``placeholders``: P-EAGLE's undrafted slots after the pairs (`infer.parallel_draft`). No host
+    sync: every size is known on the host, so under ``torch.compile`` it traces as one graph."""
+    extra = {"placeholders": placeholders} if placeholders else {}
+    out = head(tokens, feats, embed, position_ids=pos, attention_mask=mask, cache=cache, **extra)
+    if tail:
+        out = out[:, -tail:]
+    top = torch.log_softmax(head.logits(out, lm_head), -1).topk(k, dim=-1)
+    ids = top.indices if d2t is None else top.indices + d2t[top.indices]
+    return out, top.values, ids
 
 
 def commit_block(ok: Tensor) -> Tensor:
@@ -262,21 +288,21 @@ class BatchEagle(BatchProposer):
         for name in ("pairs", "pending_tokens", "pending_feats", "pending_ok", "last_feat"):
             setattr(self, name, getattr(self, name).index_select(0, rows))
 
-    def _commit(self, root: Tensor) -> Tensor:
-        """One draft forward over every row's pending pairs + its root pair -> f̂ at the root [B, H]."""
+    def _commit(self, root: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One draft forward over every row's pending pairs + its root pair -> f̂ at the root [B, H] and its
+        `draft_step` top-k (log-probs, target ids [B, K]): the root's children."""
         s = self.single
         toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m]
         feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
         ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
         pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
         mask = self.commit_mask(ok, s.head.fc.weight.dtype)
-        out = s.head(toks, feats, s.embed, position_ids=pos.clamp(min=0), attention_mask=mask,
-                     cache=self.kv.cache)  # fmt: skip
+        out, score, ids = s.step(toks, feats, pos.clamp(min=0), mask, self.kv.cache, tail=1)
         self.kv.extend(torch.where(ok, pos, -1))
         self.pairs = self.pairs + ok.sum(1)
         self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
         self.pack()
-        return out[:, -1]
+        return out[:, 0], score[:, 0], ids[:, 0]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth), total_tokens nodes each
@@ -286,16 +312,14 @@ class BatchEagle(BatchProposer):
         if D <= 0:  # nothing to draft: keep the root pair for later
             self._pend(root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None])
             return root_only_rows(root)
-        f_root = self._commit(root)  # [B, H]
-        head, device, dtype = s.head, root.device, s.head.fc.weight.dtype
-        top = torch.log_softmax(head.logits(f_root, s.lm_head), -1).topk(K)  # [B, K]
-        top_tok = s._target_ids(top.indices)
+        f_root, top_score, top_tok = self._commit(root)  # [B, H], [B, K] x 2
+        device, dtype = root.device, s.head.fc.weight.dtype
         eye, cand_depth = s._constants(device, dtype)
-        cand_tok, cand_score = [top_tok], [top.values]
+        cand_tok, cand_score = [top_tok], [top_score]
         cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=device)]
         n_cand = K
         f_cid = torch.arange(K, device=device).expand(B, K)
-        f_tok, f_score, f_feat = top_tok, top.values, f_root[:, None].expand(-1, K, -1)
+        f_tok, f_score, f_feat = top_tok, top_score, f_root[:, None].expand(-1, K, -1)
         C, root_pos = self.kv.slots, self.pairs - 1
         if self.one_row:  # a view of its buffer, reset by `crop`
             mask = self.kv.tree_mask(K, (D - 1) * K, dtype)
@@ -305,11 +329,9 @@ class BatchEagle(BatchProposer):
             hi = C + d * K
             mask[:, :, hi - K : hi] = eye
             pos = (root_pos + d)[:, None].expand(-1, K)
-            f_hat = head(f_tok, f_feat, s.embed, position_ids=pos, attention_mask=mask[:, None, :, :hi],
-                         cache=self.kv.cache)  # fmt: skip
-            child = torch.log_softmax(head.logits(f_hat, s.lm_head), -1).topk(K, dim=-1)  # [B, K, K]
-            scores = (f_score[:, :, None] + child.values).reshape(B, -1)
-            tokens = s._target_ids(child.indices.reshape(B, -1))
+            f_hat, child_score, child_tok = s.step(f_tok, f_feat, pos, mask[:, None, :, :hi], self.kv.cache)
+            scores = (f_score[:, :, None] + child_score).reshape(B, -1)  # [B, K*K]
+            tokens = child_tok.reshape(B, -1)
             cand_tok.append(tokens)
             cand_score.append(scores)
             cand_parent.append(f_cid.repeat_interleave(K, dim=1))

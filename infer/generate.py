@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from infer.compiled import backend_of
 from infer.draft import BatchProposer, Proposer
 from infer.options import Job, context_length, prepare
 from infer.runner import BatchRunner, TreeRunner
@@ -201,10 +202,9 @@ def speculative_generate(
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
     input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch.
-    ``compile``: batch size 1 runs its verify forward under ``torch.compile`` (`infer.runner.CompiledStep`;
-    True: inductor, a string: that dynamo backend); batches ignore it (masks and cache reshape per step)."""
-    if not isinstance(compile, bool | str):
-        raise ValueError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
+    ``compile``: the verify forward (`infer.compiled.CompiledStep`) and the proposer's draft step run under
+    ``torch.compile`` (True: inductor, a string: that dynamo backend), batches included; see `infer.generate`."""
+    backend = backend_of(compile)  # a bad value fails before any work
     t_start = time.perf_counter()
     overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
                  "top_k": top_k, "top_p": top_p, "eos_token_id": eos_token_id}  # fmt: skip
@@ -213,6 +213,7 @@ def speculative_generate(
                   streamer=streamer, timing=timing)  # fmt: skip
     check_target(target)  # refuses what tree verification cannot do exactly, even with nothing to generate
     rule = _Rule(job.warp, acceptance, typical_eps, typical_delta, generator)
+    proposer.compile(backend)
     clock = _Clock(timing, job.input_ids.device)
     if streamer is not None:
         streamer.put(job.input_ids.cpu())
@@ -220,7 +221,7 @@ def speculative_generate(
         seq, stats = job.input_ids.clone(), GenerationStats()
     elif job.batched:
         proposer.plan(job.input_ids.shape[1] + job.limit)  # sizes a batch's draft cache too
-        seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer)
+        seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer, compile)
     else:
         seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile)
     if streamer is not None:
@@ -280,11 +281,12 @@ def _at(x: Tensor, idx: Tensor) -> Tensor:
     return x.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))
 
 
-def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock: _Clock, streamer,
+                  compile: bool | str = False):  # fmt: skip
     """A batch of rows of different lengths on `BatchRunner` -> (sequences, stats). Each row drafts,
     accepts and stops on its own; a finished row leaves the batch (target cache and proposer) at once."""
     ids, valid = _left_aligned(job.input_ids, job.valid)
-    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit)
+    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
     rows = [_Row(job, streamer) for _ in range(ids.shape[0])]
     live = list(range(len(rows)))  # the input row of each batch row
     stats = GenerationStats(rows=[r.stats for r in rows])

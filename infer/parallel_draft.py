@@ -57,21 +57,21 @@ class BatchParallel(BatchEagle):
     """`ParallelProposer`'s drafting for a batch (a `StaticRaggedKV` and `BatchDraftMasks`) or one row
     (a `StaticDraftKV`); the pending pairs as `BatchEagle`'s."""
 
-    def _commit_with_slots(self, root: Tensor, slots: int) -> Tensor:
+    def _commit_with_slots(self, root: Tensor, slots: int) -> tuple[Tensor, Tensor, Tensor]:
         """One draft forward over every row's pending pairs, its root pair and ``slots`` placeholders ->
-        the outputs at the root and the placeholders [B, slots + 1, H]; only the real pairs stay cached."""
+        the outputs at the root and the placeholders [B, slots + 1, H] and their top-k (log-probs, target
+        ids [B, slots + 1, K]), one `infer.eagle_draft.draft_step`; only the real pairs stay cached."""
         s, kv = self.single, self.kv
         B, device = root.shape[0], root.device
         toks = torch.cat([self.pending_tokens, root[:, None]], 1)  # [B, m], the root last in every row
         feats = torch.cat([self.pending_feats, self.last_feat[:, None]], 1)
         ok = torch.cat([self.pending_ok, torch.ones_like(root, dtype=torch.bool)[:, None]], 1)
-        m = toks.shape[1]
         pos = self.pairs[:, None] + ok.long().cumsum(1) - 1
         slot_pos = pos[:, -1:] + torch.arange(1, slots + 1, device=device)  # after the root: depths 2..
         all_ok = torch.cat([ok, torch.ones(B, slots, dtype=torch.bool, device=device)], 1)
         mask = self.commit_mask(all_ok, s.head.fc.weight.dtype)
-        out = s.head(toks, feats, s.embed, position_ids=torch.cat([pos.clamp(min=0), slot_pos], 1),
-                     attention_mask=mask, cache=kv.cache, placeholders=slots)  # fmt: skip
+        out = s.step(toks, feats, torch.cat([pos.clamp(min=0), slot_pos], 1), mask, kv.cache, tail=slots + 1,
+                     placeholders=slots)  # fmt: skip
         kv.extend(torch.where(ok, pos, -1))
         if self.one_row:  # its placeholder mask columns are reset (and their KV dropped) by crop
             kv.tree_end = kv.slots + slots
@@ -79,7 +79,7 @@ class BatchParallel(BatchEagle):
         self.pairs = self.pairs + ok.sum(1)
         self.pending_tokens, self.pending_feats, self.pending_ok = toks[:, :0], feats[:, :0], ok[:, :0]
         self.pack()
-        return out[:, m - 1 :]
+        return out
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth) (module docstring)."""
@@ -90,15 +90,14 @@ class BatchParallel(BatchEagle):
                 root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None]
             )
             return root_only_rows(root)
-        outs = self._commit_with_slots(root, D - 1)  # [B, D, H]
-        top = torch.log_softmax(s.head.logits(outs, s.lm_head), -1).topk(K, dim=-1)  # [B, D, K]
-        kid_tok = s._target_ids(top.indices)  # every node of depth d gets the children kid_tok[:, d]
+        _, kid_score, kid_tok = self._commit_with_slots(root, D - 1)  # [B, D, K] x 2
+        # every node of depth d gets the children kid_tok[:, d]
         device = root.device
-        cand_tok, cand_score = [kid_tok[:, 0]], [top.values[:, 0]]
+        cand_tok, cand_score = [kid_tok[:, 0]], [kid_score[:, 0]]
         cand_parent = [torch.full((B, K), -1, dtype=torch.long, device=device)]
-        f_cid, f_score, n_cand = torch.arange(K, device=device).expand(B, K), top.values[:, 0], K
+        f_cid, f_score, n_cand = torch.arange(K, device=device).expand(B, K), kid_score[:, 0], K
         for d in range(1, D):  # depth d+1: the frontier's K nodes x the K children of p_{d+1}
-            scores = (f_score[:, :, None] + top.values[:, d, None, :]).reshape(B, -1)  # [B, K*K]
+            scores = (f_score[:, :, None] + kid_score[:, d, None, :]).reshape(B, -1)  # [B, K*K]
             cand_tok.append(kid_tok[:, d].repeat(1, K))
             cand_score.append(scores)
             cand_parent.append(f_cid.repeat_interleave(K, dim=1))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from heads.graft import TargetOutput, _cache_kwarg, decoder_layers, num_layers, run_target_lean, unwrap_peft
+from heads.graft import TargetOutput, run_target_lean
 from infer.attention import (
     ATTN_IMPLEMENTATION,
     BatchTreeMask,
@@ -27,6 +27,7 @@ from infer.attention import (
     wants_tree_attention,
 )
 from infer.cache import RaggedKV, StaticRaggedKV, compact, ensure_capacity, new_cache, new_static_cache
+from infer.compiled import backend_of, compiled_step
 from infer.support import check_target
 from infer.tree import DraftTree, attention_mask, sliding_window
 
@@ -46,8 +47,8 @@ class TreeRunner:
     Sliding-window models keep a ``DynamicCache`` and the float masks of `infer.tree.attention_mask`,
     rebuilt per step.
     compile: run the verify forward (the target's forward over the tree, with its hooks) under
-    ``torch.compile(dynamic=True)`` (`CompiledStep`; True: inductor, a string: that backend); the
-    prefill stays eager (it runs once).
+    ``torch.compile(dynamic=True)`` (`infer.compiled.CompiledStep`, one per target, reused by every
+    generation; True: inductor, a string: that backend); the prefill stays eager (it runs once).
     ``past`` is the number of tokens whose KV is in the cache.
     """
 
@@ -78,7 +79,8 @@ class TreeRunner:
                 self.static = static
                 if static:
                     self.cache = new_static_cache(target.config, max_len + TREE_SLOTS)
-        self.compiled = CompiledStep(target, self.aux_layers, self.cache, compile) if compile else None
+        backend = backend_of(compile)
+        self.compiled = compiled_step(target, self.aux_layers, backend) if backend else None
 
     def prefill(self, input_ids: Tensor) -> TargetOutput:
         """input_ids: [1, T] -> logits [1, 1, V] of the last position only; hidden [1, T, H] and aux
@@ -102,7 +104,7 @@ class TreeRunner:
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
         with switch or contextlib.nullcontext():
             if self.compiled is not None:
-                return self.compiled(tree.tokens[None], mask, (self.past + tree.depth)[None])
+                return self.compiled(tree.tokens[None], mask, (self.past + tree.depth)[None], self.cache)
             return run_target_lean(
                 self.target,
                 tree.tokens[None],
@@ -121,57 +123,7 @@ class TreeRunner:
         self.past += keep.shape[0]
 
     def close(self) -> None:
-        """Remove the compiled step's hooks from the target (a no-op without ``compile``)."""
-        if self.compiled is not None:
-            self.compiled.close()
-
-
-class CompiledStep:
-    """The verify forward under ``torch.compile(dynamic=True)``, with no graph break of its own.
-
-    `run_target_lean` registers its hooks per call, and registering a hook is a graph break (and a new
-    hook a recompile): here the hooks that catch the hidden states the proposer reads are registered
-    once, for the runner's life, and write into ``caught``; only the model's forward (attention, the
-    static cache's in-place writes, the hooks) is traced. ``close`` removes them.
-    Returns `TargetOutput` with logits [1, N+1, V], hidden and aux [1, N+1, H]."""
-
-    def __init__(self, target: nn.Module, aux_layers: Sequence[int], cache, backend: bool | str = True) -> None:
-        self.target, n = target, num_layers(target)
-        self.n, self.wanted = n, [i + n + 1 if i < 0 else i for i in aux_layers]
-        self.caught: dict[int, Tensor] = {}
-        inner = unwrap_peft(target)
-        self.handles = [inner.base_model.register_forward_hook(self._catch_output)]
-        layers = decoder_layers(inner) if any(i < n for i in self.wanted) else []
-        self.handles += [
-            layers[i].register_forward_pre_hook(self._catch_input(i), with_kwargs=True)
-            for i in sorted(set(self.wanted))
-            if i < n
-        ]
-        self.cache_kw = {_cache_kwarg(type(inner)): cache}
-        self.step = torch.compile(self._forward, dynamic=True, backend="inductor" if backend is True else backend)
-
-    def _catch_output(self, module, args, output) -> None:
-        self.caught[self.n] = output[0] if isinstance(output, tuple) else output.last_hidden_state
-
-    def _catch_input(self, i: int):
-        def hook(module, args, kwargs) -> None:
-            self.caught[i] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def _forward(self, tokens: Tensor, mask, position_ids: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-        out = self.target(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                          output_hidden_states=False, **self.cache_kw)  # fmt: skip
-        return out.logits, self.caught[self.n], tuple(self.caught[i] for i in self.wanted)
-
-    def __call__(self, tokens: Tensor, mask, position_ids: Tensor) -> TargetOutput:
-        logits, hidden, aux = self.step(tokens, mask, position_ids)
-        return TargetOutput(logits=logits, hidden=hidden, aux=aux)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        """Nothing to release: the compiled step's hooks live only during each of its calls."""
 
 
 class BatchRunner:
@@ -190,10 +142,12 @@ class BatchRunner:
     written in place (every architecture: sliding windows are applied by the mask), instead of a
     growing ``DynamicCache``. ``slack``: the holes tolerated before the cache is packed; with a static
     cache max(32, max_len // 8), so the O(S) pack runs a bounded number of times per generation.
+    compile: the verify forward under ``torch.compile`` as `TreeRunner`'s (the same per-target
+    `infer.compiled.CompiledStep`); the prefill, masks and cache bookkeeping stay eager.
     """
 
     def __init__(self, target: nn.Module, aux_layers: Sequence[int] = (), *, max_len: int = 0,
-                 static: bool = True) -> None:  # fmt: skip
+                 static: bool = True, compile: bool | str = False) -> None:  # fmt: skip
         check_target(target)
         self.target = target
         self.aux_layers = tuple(aux_layers)
@@ -212,6 +166,8 @@ class BatchRunner:
         self.lengths: list[int] = []
         self.slack = max(32, max_len // 8) if static else 32  # holes tolerated before `RaggedKV.pack`
         self._start = 0  # slots before the last verified tree
+        backend = backend_of(compile)
+        self.compiled = compiled_step(target, self.aux_layers, backend) if backend else None
 
     def prefill(self, input_ids: Tensor, valid: Tensor) -> TargetOutput:
         """input_ids, valid: [B, T], left-padded (every row's last token at T-1) -> logits [B, 1, V],
@@ -250,18 +206,16 @@ class BatchRunner:
         self._start = self.kv.slots
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
         with switch or contextlib.nullcontext():
-            out = run_target_lean(
-                self.target,
-                tree.tokens,
-                mask,
-                aux_layers=self.aux_layers,
-                logits_to_keep=0,
-                position_ids=q_pos,
-                cache=self.kv.cache,
-                use_cache=True,
-            )
+            if self.compiled is not None:
+                out = self.compiled(tree.tokens, mask, q_pos, self.kv.cache)
+            else:
+                out = self._verify_eager(tree.tokens, mask, q_pos)
         self.kv.extend(q_pos)
         return out
+
+    def _verify_eager(self, tokens: Tensor, mask, q_pos: Tensor) -> TargetOutput:
+        return run_target_lean(self.target, tokens, mask, aux_layers=self.aux_layers, logits_to_keep=0,
+                               position_ids=q_pos, cache=self.kv.cache, use_cache=True)  # fmt: skip
 
     def accept(self, path: Tensor, length: Tensor, counts: list[int]) -> None:
         """path: [B, L] accepted node indices root first (L = the longest row's count; -1 or unaccepted

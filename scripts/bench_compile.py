@@ -1,7 +1,8 @@
-"""Does compile= help on this CPU? infer.generate with and without torch.compile of the verify step
-(measured, never asserted).
+"""Does compile= help on this CPU? infer.generate with and without torch.compile of the verify and draft
+steps, for Medusa, EAGLE and EAGLE-3 heads (measured, never asserted).
 
-    python scripts/bench_compile.py --out results/compile [--calls 3] [--max-new-tokens 64] [--threads 1]
+    python scripts/bench_compile.py --out results/compile [--heads medusa,eagle,eagle3] [--calls 3]
+        [--max-new-tokens 64] [--threads 1] [--backend inductor]
 
 See `infer.benchmark.compile_step` for what is measured and how.
 """
