@@ -189,7 +189,9 @@ class BatchTreeMask:
         shape, dev = (batch, rows, cols), self.device
         self.filled = torch.zeros(batch, cols, dtype=torch.bool, device=dev)  # kv_pos >= 0, per slot
         self.vis = {k: torch.zeros(shape, dtype=torch.bool, device=dev) for k in self.kinds}
-        self.add = {k: torch.zeros(shape, dtype=self.additive, device=dev) for k in self.kinds} if self.additive else {}
+        # additive buffers only for the masks handed out: a sliding-only model needs no full one
+        handed = self.kinds if self.mixed else self.kinds[-1:]
+        self.add = {k: torch.zeros(shape, dtype=self.additive, device=dev) for k in handed} if self.additive else {}
 
     def __call__(self, kv_pos: Tensor, ancestors: Tensor, q_pos: Tensor):
         """kv_pos [B, S] long (-1: a hole), ancestors [B, n, n] bool, q_pos [B, n] long -> the mask
@@ -209,10 +211,10 @@ class BatchTreeMask:
             torch.gt(kv_pos[:, None, :], lo, out=slide[:, :, :S])
             torch.gt(q_pos[:, None, :], lo, out=slide[:, :, S:])
             out["sliding_attention"] = slide.logical_and_(vis)
+        if not self.mixed:
+            out = {k: out[k] for k in self.kinds[-1:]}
         if self.additive is not None:
             neg = torch.finfo(self.additive).min
             out = {k: self.add[k][:B, :n, : S + n].fill_(neg).masked_fill_(v, 0) for k, v in out.items()}
         out = {k: v[:, None] for k, v in out.items()}
-        if self.mixed:
-            return out
-        return out["sliding_attention" if self.window is not None else "full_attention"]
+        return out if self.mixed else out[self.kinds[-1]]

@@ -220,6 +220,14 @@ class FilledStaticLayer(StaticLayer):
         return self.end + query_length, 0
 
 
+def new_filled_cache(capacity: int) -> Cache:
+    """A cache of `FilledStaticLayer`s of ``capacity`` slots each, for any architecture: its layers are
+    plain full-length buffers (a sliding-window layer too: the window is applied by the mask, so
+    rejected drafts never evict prefix entries, as in `new_cache`), written in place and grown only by
+    `ensure_capacity`. The layers appear lazily, one per attention layer, at the first forward."""
+    return Cache(layer_class_to_replicate=functools.partial(FilledStaticLayer, capacity))
+
+
 class StaticRaggedKV(RaggedKV):
     """`RaggedKV` on preallocated buffers: every layer a `FilledStaticLayer` of ``capacity`` slots and
     the slot positions in one [B, capacity] buffer (``pos`` is the view of its first ``slots`` columns).
@@ -235,8 +243,7 @@ class StaticRaggedKV(RaggedKV):
     def __init__(self, pos: Tensor, capacity: int) -> None:
         B, T = pos.shape
         self.capacity = max(capacity, T)
-        # layers appear lazily, one per attention layer of the target, at the prefill
-        self.cache = Cache(layer_class_to_replicate=functools.partial(FilledStaticLayer, self.capacity))
+        self.cache = new_filled_cache(self.capacity)
         self.buf = pos.new_full((B, self.capacity), -1)
         self.buf[:, :T] = pos
         self.n = T  # filled slots (host)

@@ -26,10 +26,18 @@ from infer.attention import (
     register,
     wants_tree_attention,
 )
-from infer.cache import RaggedKV, StaticRaggedKV, compact, ensure_capacity, new_cache, new_static_cache
+from infer.cache import (
+    RaggedKV,
+    StaticRaggedKV,
+    compact,
+    ensure_capacity,
+    new_cache,
+    new_filled_cache,
+    new_static_cache,
+)
 from infer.compiled import backend_of, compiled_step
 from infer.support import check_target
-from infer.tree import DraftTree, attention_mask, sliding_window
+from infer.tree import DraftTree, mixed_layers, sliding_window
 
 TREE_SLOTS = 64  # room planned for one tree beyond max_len; mask buffer and static cache grow if exceeded
 
@@ -39,13 +47,21 @@ class TreeRunner:
 
     target: a frozen transformers causal LM (checked with `infer.support.check_target`);
     aux_layers: ``hidden_states`` indices the proposer reads besides the last post-norm state;
-    max_len: the longest sequence expected (prompt + new tokens), to size the mask buffer once;
+    max_len: the longest sequence expected (prompt + new tokens), to size the cache and the mask buffer
+    once (max_len + TREE_SLOTS slots; both grow, doubling, only if a tree needs more);
     tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
-    head, one boolean mask buffer per generation) instead of transformers' sdpa with a float mask;
-    static: with tree attention, keep the KV in transformers' ``StaticCache`` of max_len + TREE_SLOTS slots
-    (grown if a tree needs more), written in place, instead of a ``DynamicCache``.
-    Sliding-window models keep a ``DynamicCache`` and the float masks of `infer.tree.attention_mask`,
-    rebuilt per step.
+    head) instead of transformers' sdpa;
+    static: keep the KV in preallocated per-layer buffers written in place (False: a growing
+    ``DynamicCache``, which `infer.profile` cuts back between timed steps). Two layouts, by target:
+
+    - ``sdpa`` with tree attention and no sliding window: transformers' ``StaticCache`` and the boolean
+      `infer.attention.TreeMask`, whose step rewrites only the last tree's columns and its own;
+    - every other target (sliding windows, mixed full / sliding layers, eager, tree attention off):
+      the batched path's layout at one row, `infer.cache.new_filled_cache` (full-length buffers for
+      every layer: windows are applied by the mask) and a one-row `infer.attention.BatchTreeMask`
+      rewritten in place per step (boolean for tree attention, additive float otherwise; sliding
+      windows by position; a dict of both for mixed layers).
+
     compile: run the verify forward (the target's forward over the tree, with its hooks) under
     ``torch.compile(dynamic=True)`` (`infer.compiled.CompiledStep`, one per target, reused by every
     generation; True: inductor, a string: that backend); the prefill stays eager (it runs once).
@@ -66,19 +82,23 @@ class TreeRunner:
         self.target = target
         self.aux_layers = tuple(aux_layers)
         self.text_cfg = target.config.get_text_config()
-        self.cache = new_cache()
         self.past = 0
+        self.static = static
         self.tree_attention = tree_attention and wants_tree_attention(target)
-        self.mask: TreeMask | None = None
-        self.static = False
         if self.tree_attention:
             register()
-            if sliding_window(self.text_cfg) is None:
-                device = next(target.parameters()).device
-                self.mask = TreeMask(TREE_SLOTS, max_len + TREE_SLOTS, device)
-                self.static = static
-                if static:
-                    self.cache = new_static_cache(target.config, max_len + TREE_SLOTS)
+        window, cols = sliding_window(self.text_cfg), max_len + TREE_SLOTS
+        device = next(target.parameters()).device
+        self.mask: TreeMask | BatchTreeMask
+        if self.tree_attention and window is None:
+            self.mask = TreeMask(TREE_SLOTS, cols, device)
+            self.cache = new_static_cache(target.config, cols) if static else new_cache()
+        else:
+            additive = None if self.tree_attention else target.dtype
+            self.mask = BatchTreeMask(1, TREE_SLOTS, cols, device, window=window,
+                                      mixed=mixed_layers(self.text_cfg), additive=additive)  # fmt: skip
+            self.cache = new_filled_cache(cols) if static else new_cache()
+            self.slot_pos = torch.arange(cols, device=device)[None]  # [1, cols]: slot j holds position j
         backend = backend_of(compile)
         self.compiled = compiled_step(target, self.aux_layers, backend) if backend else None
 
@@ -91,27 +111,34 @@ class TreeRunner:
         self.past = input_ids.shape[1]
         return out
 
+    def _mask(self, tree: DraftTree, q_pos: Tensor):
+        """The step's mask, a view of the generation's buffer: [1, 1, N+1, past + N+1] (or a dict per
+        layer type). One row has no holes, so the prefix slots' positions are 0..past-1."""
+        if isinstance(self.mask, TreeMask):
+            return self.mask(tree.ancestors, self.past)
+        if self.slot_pos.shape[1] < self.past:
+            self.slot_pos = torch.arange(2 * self.past, device=self.slot_pos.device)[None]
+        return self.mask(self.slot_pos[:, : self.past], tree.ancestors[None], q_pos)
+
     def verify(self, tree: DraftTree) -> TargetOutput:
         """One forward over the tree's N+1 nodes after the cached prefix: node i attends to the prefix
         and its ancestors, at position ``past + depth[i]``. Returns logits [1, N+1, V], hidden and aux
         [1, N+1, H]; the cache then holds past + N+1 entries until `accept`."""
         if self.static:
             ensure_capacity(self.cache, self.past + tree.num_nodes)
-        if self.mask is not None:
-            mask = self.mask(tree.ancestors, self.past)
-        else:
-            mask = attention_mask(tree.ancestors, tree.depth, self.past, self.target.dtype, self.text_cfg)
+        q_pos = (self.past + tree.depth)[None]
+        mask = self._mask(tree, q_pos)
         switch = attention_implementation(self.target, ATTN_IMPLEMENTATION) if self.tree_attention else None
         with switch or contextlib.nullcontext():
             if self.compiled is not None:
-                return self.compiled(tree.tokens[None], mask, (self.past + tree.depth)[None], self.cache)
+                return self.compiled(tree.tokens[None], mask, q_pos, self.cache)
             return run_target_lean(
                 self.target,
                 tree.tokens[None],
                 mask,
                 aux_layers=self.aux_layers,
                 logits_to_keep=0,
-                position_ids=(self.past + tree.depth)[None],
+                position_ids=q_pos,
                 cache=self.cache,
                 use_cache=True,
             )
@@ -153,7 +180,7 @@ class BatchRunner:
         self.aux_layers = tuple(aux_layers)
         cfg = target.config.get_text_config()
         self.window = sliding_window(cfg)
-        self.mixed = {"full_attention", "sliding_attention"} <= set(getattr(cfg, "layer_types", None) or [])
+        self.mixed = mixed_layers(cfg)
         ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         self.max_pos = ctx - 1 if ctx else None
         self.tree_attention = self.window is None and wants_tree_attention(target)

@@ -272,8 +272,7 @@ def attention_mask(
     k_pos = torch.cat([torch.arange(past_len, device=device), q_pos])
     far = (q_pos[:, None] - k_pos[None, :]) >= window  # [N+1, past + N+1]
     sliding = full.masked_fill(far[None, None], neg)
-    layer_types = set(getattr(config, "layer_types", None) or [])
-    if "full_attention" in layer_types and "sliding_attention" in layer_types:
+    if mixed_layers(config):
         return {"full_attention": full, "sliding_attention": sliding}
     return sliding
 
@@ -289,3 +288,10 @@ def sliding_window(config) -> int | None:
     if layer_types and "sliding_attention" not in layer_types:
         return None
     return int(window)
+
+
+def mixed_layers(config) -> bool:
+    """True for a model with both full and sliding-window layers (``config.layer_types``, e.g. Gemma 2/3):
+    its forward takes a dict of masks {"full_attention", "sliding_attention"} in place of one."""
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    return sliding_window(config) is not None and {"full_attention", "sliding_attention"} <= layer_types

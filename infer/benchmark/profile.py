@@ -109,7 +109,7 @@ def split_timers(split: Split, model: infer.SpecModel):
     proposer's methods."""
     names = {
         (R, "run_target_lean"): "verify",
-        (R, "attention_mask"): "mask",  # float masks (eager targets, sliding windows)
+        (R.BatchTreeMask, "__call__"): "mask",  # the in-place masks of eager targets and sliding windows
         (R.TreeMask, "__call__"): "mask",  # the tree-attention mask buffer (sdpa targets)
         (R, "compact"): "compact",
         (G, "accept_greedy"): "accept",
