@@ -121,9 +121,6 @@ class CompiledStep:
             logits, hidden, aux = self.step(target, tokens, mask, position_ids, cache)
         return TargetOutput(logits=logits, hidden=hidden, aux=aux)
 
-    def close(self) -> None:
-        """Nothing to release: the hooks live only during a call (kept for callers of the old API)."""
-
 
 _steps: weakref.WeakKeyDictionary[nn.Module, dict[tuple, CompiledStep]] = weakref.WeakKeyDictionary()
 _steps_lock = threading.Lock()

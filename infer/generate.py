@@ -236,10 +236,7 @@ def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats)."""
     ids = job.input_ids
     runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
-    try:
-        return _loop_one(runner, proposer, job, rule, clock, streamer)
-    finally:
-        runner.close()
+    return _loop_one(runner, proposer, job, rule, clock, streamer)
 
 
 def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer):

@@ -149,9 +149,6 @@ class TreeRunner:
         compact(self.cache, self.past, keep)
         self.past += keep.shape[0]
 
-    def close(self) -> None:
-        """Nothing to release: the compiled step's hooks live only during each of its calls."""
-
 
 class BatchRunner:
     """`TreeRunner` for a batch of rows of different lengths (`infer.cache.RaggedKV`).
