@@ -120,6 +120,7 @@ class SpecModel:
                 )
             check_tree_budget(dynamic, "generate")  # a draft_top_k beyond the draft vocab is clamped to it
             shape = self.settings.budget() | dynamic
+            shape["greedy_score_temperature"] = self.settings.greedy_score_temperature
         else:
             if dynamic:
                 raise ValueError(

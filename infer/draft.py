@@ -39,6 +39,11 @@ class Proposer:
         set by `generate` from its ``compile=`` for every call, batches included."""
         self.backend = backend
 
+    def decoding(self, temperature: float | None) -> None:
+        """Called by `generate` before every generation with the sampling temperature (None: greedy), for
+        proposers that score their trees by the draft's probabilities (`infer.eagle_draft`); a no-op by
+        default (a static tree has no scores)."""
+
     def plan(self, max_len: int) -> None:
         """Called before `start` with the longest sequence expected (prompt + new tokens), so that a
         proposer with a cache can preallocate it; a no-op by default."""

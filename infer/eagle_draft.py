@@ -67,6 +67,7 @@ class EagleProposer(Proposer):
         depth: int = DEFAULTS.depth,
         draft_top_k: int = DEFAULTS.draft_top_k,
         total_tokens: int = DEFAULTS.total_tokens,
+        greedy_score_temperature: float = DEFAULTS.greedy_score_temperature,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -77,7 +78,11 @@ class EagleProposer(Proposer):
                 f"total_tokens must be >= 2 (the root and at least one draft), got {total_tokens}"
             )
         self.head, self.embed, self.lm_head = head, embed, lm_head
+        if not 0 < greedy_score_temperature <= 10:
+            raise ValueError(f"greedy_score_temperature must be in (0, 10], got {greedy_score_temperature}")
         self.depth, self.total_tokens = depth, total_tokens
+        self.greedy_score_temperature = greedy_score_temperature
+        self.score_scale = 1.0  # 1 / the scores' temperature, set per generation by `decoding`
         # EAGLE-3: target features are the aux hidden states; draft ids map to target ids via d2t
         self.aux_layers = tuple(getattr(head.config, "aux_layer_ids", None) or ())
         self.d2t: Tensor | None = getattr(head, "d2t", None)
@@ -89,6 +94,15 @@ class EagleProposer(Proposer):
 
     def plan(self, max_len: int) -> None:
         self.max_len = max_len
+
+    def decoding(self, temperature: float | None) -> None:
+        """Tree scores are log_softmax(logits / t) with t = the sampling temperature, or, greedy (None),
+        ``greedy_score_temperature``: a deterministic draft x is accepted with probability p_target(x)
+        at that temperature (exact sampling), and iff it is the target's argmax (greedy), which the
+        draft's T = 1 confidence understates (`infer.settings.InferSettings`). Only the tree's shape
+        depends on it."""
+        t = self.greedy_score_temperature if temperature is None else temperature
+        self.score_scale = 1.0 / t
 
     @property
     def cache(self):
@@ -120,7 +134,8 @@ class EagleProposer(Proposer):
         if self.backend is not None:
             tokens, feats, pos = tokens.contiguous(), feats.contiguous(), pos.contiguous()
         return compiled(draft_step, self.backend)(self.head, self.embed, self.lm_head, self.d2t, tokens, feats,
-                                                  pos, mask, cache, self.top_k, tail, placeholders)  # fmt: skip
+                                                  pos, mask, cache, self.top_k, tail, placeholders,
+                                                  self.score_scale)  # fmt: skip
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
         """prompt_ids: [1, T]; out.hidden: [1, T, H] (out.aux for EAGLE-3). Pairs 0..T-2 are pending;
@@ -147,10 +162,11 @@ class EagleProposer(Proposer):
 
 def draft_step(head: nn.Module, embed: nn.Module, lm_head: nn.Module, d2t: Tensor | None, tokens: Tensor,
                feats: Tensor, pos: Tensor, mask: Tensor, cache, k: int, tail: int = 0,
-               placeholders: int = 0) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+               placeholders: int = 0, scale: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The EAGLE draft step: one draft-layer forward over T pairs (tokens [B, T], features [B, T, F] at
     positions ``pos`` [B, T], additive ``mask`` [B, 1, T + placeholders, S], the draft ``cache``
-    extended in place) and the top-k of log_softmax(lm_head f̂) at its last ``tail`` outputs (0: all)
+    extended in place) and the top-k of log_softmax(scale · lm_head f̂) at its last ``tail`` outputs
+    (0: all; ``scale`` = 1 / the scores' temperature: the same tokens, other scores)
     -> (f̂ [B, t, H], log-probs [B, t, k], target token ids [B, t, k]; t = tail or T + placeholders).
     ``placeholders``: P-EAGLE's undrafted slots after the pairs (`infer.parallel_draft`). No host
     sync: every size is known on the host, so under ``torch.compile`` it traces as one graph."""
@@ -158,7 +174,8 @@ def draft_step(head: nn.Module, embed: nn.Module, lm_head: nn.Module, d2t: Tenso
     out = head(tokens, feats, embed, position_ids=pos, attention_mask=mask, cache=cache, **extra)
     if tail:
         out = out[:, -tail:]
-    top = torch.log_softmax(head.logits(out, lm_head), -1).topk(k, dim=-1)
+    logits = head.logits(out, lm_head)
+    top = torch.log_softmax(logits * scale if scale != 1.0 else logits, -1).topk(k, dim=-1)
     ids = top.indices if d2t is None else top.indices + d2t[top.indices]
     return out, top.values, ids
 

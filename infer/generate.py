@@ -214,6 +214,7 @@ def speculative_generate(
     check_target(target)  # refuses what tree verification cannot do exactly, even with nothing to generate
     rule = _Rule(job.warp, acceptance, typical_eps, typical_delta, generator)
     proposer.compile(backend)
+    proposer.decoding((job.gc.temperature or 1.0) if job.sampling else None)
     clock = _Clock(timing, job.input_ids.device)
     if streamer is not None:
         streamer.put(job.input_ids.cpu())

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from infer.draft import root_only_rows, row_of
 from infer.eagle_draft import BatchEagle, EagleProposer
+from infer.settings import DEFAULTS
 from infer.tree import DraftTree
 
 
@@ -33,14 +34,15 @@ class ParallelProposer(EagleProposer):
     """
 
     def __init__(
-        self, head, embed, lm_head, depth: int = 6, draft_top_k: int = 8, total_tokens: int = 48
+        self, head, embed, lm_head, depth: int = 6, draft_top_k: int = 8, total_tokens: int = 48,
+        greedy_score_temperature: float = DEFAULTS.greedy_score_temperature,
     ) -> None:
         K = int(getattr(head.config, "parallel_draft", 0) or 0)
         if K < 2:
             raise ValueError(
                 "ParallelProposer needs EAGLE-3 heads trained with heads.options.parallel_draft >= 2"
             )
-        super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens)
+        super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens, greedy_score_temperature)
 
     def start(self, prompt_ids: Tensor, out) -> None:
         self._rows = BatchParallel(self, max_len=self.max_len, one_row=True)

@@ -109,6 +109,14 @@ class InferSettings:
     acceptance: ``"exact"`` (lossless rejection sampling) or ``"typical"`` (Medusa's typical
         acceptance, Cai et al. 2024: a draft x is kept iff p(x) > min(typical_eps, typical_delta·e^{-H(p)}),
         faster, not lossless); greedy decoding ignores it.
+    greedy_score_temperature: how dynamic-tree heads score tree nodes in greedy decoding: by
+        log_softmax(draft logits / t). EAGLE-2 ranks nodes by the draft's confidence as a stand-in for
+        their acceptance probability; the draft learns the target's T = 1 distribution, but a greedy
+        step accepts a node iff it is the target's argmax. A target whose argmax is stable while its
+        distribution is flat gets top-1 drafts accepted far more often than their T = 1 probability
+        says. t < 1 sharpens the scores toward that (deeper trees where the draft's top-1 leads);
+        sampled decoding scores at the sampling temperature instead. Only the tree's shape changes,
+        never what is accepted.
     """
 
     tree: list[list[int]] | None = field(default=None, metadata={"help": "static tree rank paths"})
@@ -119,6 +127,9 @@ class InferSettings:
     acceptance: str = field(default="exact", metadata={"help": "exact (lossless) or typical (lossy)"})
     typical_eps: float = field(default=0.09, metadata={"help": "typical acceptance ε, in [0, 1]"})
     typical_delta: float = field(default=0.3, metadata={"help": "typical acceptance δ, >= 0"})
+    greedy_score_temperature: float = field(
+        default=0.5, metadata={"help": "EAGLE tree scores in greedy decoding: log_softmax(logits / t), t in (0, 10]"}
+    )
 
     def __post_init__(self) -> None:
         where = "inference settings"
@@ -133,6 +144,7 @@ class InferSettings:
         for key, ok, what in (
             ("typical_eps", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
             ("typical_delta", lambda v: v >= 0, "a number >= 0"),
+            ("greedy_score_temperature", lambda v: 0 < v <= 10, "a number in (0, 10]"),
         ):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):

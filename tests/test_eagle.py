@@ -29,7 +29,7 @@ from heads import (
     save_heads,
 )
 from heads.graft import TargetOutput, run_target
-from infer.eagle_draft import EagleProposer
+from infer.eagle_draft import EagleProposer, draft_step
 
 EAGLE_ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3"]
 D2T = 32  # a reduced draft vocabulary: 32 of the tiny targets' 96 tokens
@@ -471,6 +471,71 @@ def test_dynamic_tree_matches_reference(arch, K, total, vocab):
         check_tree(tree, total, depth)
         assert prop.cache.get_seq_length() == T + 3  # pairs 0..T+2; no tree KV left behind
         assert node_paths(tree) == reference_tree(head, m, seq[1 : T + 4], hidden[: T + 3], depth, K, total)
+
+
+@pytest.mark.parametrize("arch, vocab", [("llama", None), ("gemma2", D2T)])
+def test_score_temperature_shapes_the_tree_only(arch, vocab):
+    """Tree scores are log_softmax(logits / t): the same tokens are ranked (draft_step's top-k ids do not
+    move), the scores are the tempered ones, and as t -> 0 a tree of depth + 1 tokens is the draft's
+    top-1 chain, the tree that draft_top_k = 1 drafts (greedy acceptance needs the argmax only)."""
+    m = target(arch)
+    head, *_ = trained_head(arch, vocab=vocab)
+    depth = 4
+    seq = self_generated(arch, n=1, T=14, seed=5)[0]
+    T = 10
+    emb, lm = m.get_input_embeddings(), m.get_output_embeddings()
+
+    def tree(top_k: int, t: float | None):
+        prop = EagleProposer(head, emb, lm, depth, top_k, depth + 1, greedy_score_temperature=t or 1.0)
+        if t is not None:
+            prop.decoding(None)  # greedy: scored at greedy_score_temperature
+        prop.start(seq[None, :T], TargetOutput(logits=torch.empty(0), hidden=hidden[None, :T]))
+        return prop.propose(seq[T], max_depth=100)
+
+    with torch.inference_mode():
+        hidden = run_target(m, seq[None]).hidden[0]
+        chain = tree(1, None)
+        sharp = tree(4, 0.01)
+        assert int(chain.depth.max()) == depth and torch.equal(sharp.tokens, chain.tokens)
+        assert torch.equal(sharp.parents, chain.parents)
+        # draft_step itself, cache-free over the prompt's pairs: same ids, tempered log-probs
+        causal = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+        args = (seq[None, 1 : T + 1], hidden[None, :T], torch.arange(T)[None], causal, None, 4)
+        f1, s1, i1 = draft_step(head, emb, lm, getattr(head, "d2t", None), *args)
+        f4, s4, i4 = draft_step(head, emb, lm, getattr(head, "d2t", None), *args, 0, 0, 4.0)
+        assert torch.equal(i1, i4) and torch.allclose(f1, f4)
+        assert torch.allclose(s4, torch.log_softmax(4.0 * head.logits(f1, lm), -1).topk(4, -1).values, atol=1e-5)
+        assert not torch.allclose(s1, s4)
+
+
+def test_generate_scores_greedy_and_sampled_trees_at_their_temperature(monkeypatch):
+    """`generate` tells the proposer the decoding mode: greedy scores at the settings'
+    greedy_score_temperature, sampling at the sampling temperature; greedy stays token-identical at any
+    score temperature (it only reshapes the tree)."""
+    from infer.settings import InferSettings
+
+    m = target("llama")
+    head, *_ = trained_head("llama")
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(100))
+    seen = []
+    orig = EagleProposer.decoding
+
+    def spy(self, temperature):
+        orig(self, temperature)
+        seen.append(self.score_scale)
+
+    monkeypatch.setattr(EagleProposer, "decoding", spy)
+    for t in (0.05, 0.5, 3.0):
+        model = infer.SpecModel(m, head, settings=InferSettings(greedy_score_temperature=t))
+        out = infer.generate(model, ids, max_new_tokens=32, do_sample=False)
+        assert torch.equal(out.sequences, reference_greedy(m, ids, 32))
+        assert seen[-1] == pytest.approx(1 / t)
+    g = torch.Generator().manual_seed(0)
+    infer.generate(model, ids, max_new_tokens=8, do_sample=True, temperature=0.7, generator=g)
+    assert seen[-1] == pytest.approx(1 / 0.7)
+    for bad in (0, -1.0, float("nan"), 11.0, True, "0.5"):
+        with pytest.raises(ValueError, match="greedy_score_temperature"):
+            InferSettings(greedy_score_temperature=bad)
 
 
 def test_dynamic_tree_limits():
