@@ -238,6 +238,44 @@ def test_vocab_map():
         head.set_vocab_map(d2t, t2d.roll(1))
 
 
+def test_lm_head_init_from_target():
+    """``lm_head_init: target``: after the vocabulary map, draft row i is the target lm_head's row of token
+    i + d2t[i]; the default keeps the random init; anything else is refused at config time."""
+    m = target("llama")
+    d2t, t2d = build_vocab_map(torch.arange(V) % 7, VD)  # a scattered map, not the first VD ids
+    head = fresh_head("llama", draft_vocab_size=VD, lm_head_init="target")
+    head.set_vocab_map(d2t, t2d)
+    before = head.lm_head.weight.clone()
+    head.init_lm_head_from(m)
+    rows = m.get_output_embeddings().weight[torch.arange(VD) + d2t]
+    assert torch.equal(head.lm_head.weight, rows) and not torch.equal(before, rows)
+    assert fresh_head("llama").config.lm_head_init == "random"
+    with pytest.raises(ValueError, match="lm_head_init"):
+        Eagle3Config.from_dict(fresh_head("llama").config.to_dict() | {"lm_head_init": "zeros"})
+
+
+def test_lm_head_init_in_training_setup():
+    """train.prepare.build_heads applies ``lm_head_init: target`` after it builds the vocabulary map."""
+    from types import SimpleNamespace
+
+    from train.prepare import build_heads
+
+    m = target("llama")
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(3, V, (12,), generator=g).tolist(), "loss_mask": [1] * 12} for _ in range(4)]
+    cfg = SimpleNamespace(
+        heads=SimpleNamespace(
+            type="eagle3",
+            head_kwargs=lambda: {"draft_layer": "target", "draft_vocab_size": VD, "lm_head_init": "target"},
+        ),
+        joint=SimpleNamespace(enabled=False),
+        target=SimpleNamespace(name_or_path="tiny"),
+    )
+    heads = build_heads(cfg, m, rows, SimpleNamespace(print=lambda *a: None), None)
+    ids = torch.arange(VD) + heads.d2t
+    assert torch.equal(heads.lm_head.weight, m.get_output_embeddings().weight[ids].float())
+
+
 # ---------------------------------------------------------------------------------------------- save / load
 
 

@@ -90,6 +90,8 @@ def build_heads(cfg: RunConfig, target: nn.Module, token_ds, accelerator, plugin
     if hasattr(heads, "set_vocab_map") and getattr(heads.config, "draft_vocab_size", None) is not None:
         # Every process counts the same dataset (cheap and deterministic), so all get the same map.
         install_vocab_map(heads, token_ds, accelerator.print)
+    if getattr(heads.config, "lm_head_init", "random") == "target":
+        heads.init_lm_head_from(target)  # after the vocabulary map: row i is draft token i's target row
     if cfg.joint.enabled:  # Medusa-2: LoRA on the backbone, trained with the heads as one module
         backbone = add_lora(target, cfg.joint, cfg.target.name_or_path)
         heads.config.target_adapter = ADAPTER_DIR  # saved beside the heads (`train.medusa2.save_adapter`)

@@ -108,6 +108,10 @@ class Eagle3Config(HeadConfig):
         ``mask_embed`` / ``mask_hidden`` [H] instead of a drafted token and feature (see
         `heads.eagle3.module`). Training scores slot j as TTT step j (the unroll length is K, and
         ``ttt_steps`` is not read); the proposer drafts at most K depths.
+    lm_head_init: how training starts the draft's own lm_head [draft_vocab, H]: ``"random"`` (default,
+        normal(0, initializer_range), as EAGLE-3's reference code) or ``"target"``: the target lm_head's
+        rows of the draft vocabulary's tokens (`Eagle3Head.init_lm_head_from`, after the vocabulary map is
+        built), so the draft starts reading its features in the target's own output space.
     """
 
     head_type: ClassVar[str] = "eagle3"
@@ -123,6 +127,7 @@ class Eagle3Config(HeadConfig):
     fc_norm: bool = False
     norm_output: bool = False
     parallel_draft: int = 0
+    lm_head_init: Literal["random", "target"] = "random"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,6 +149,8 @@ class Eagle3Config(HeadConfig):
                 f"parallel_draft must be 0 (off) or an int in [2, {MAX_PARALLEL_DRAFT}] (depths drafted in "
                 f"one forward), got {pd!r}"
             )
+        if self.lm_head_init not in ("random", "target"):
+            raise ValueError(f"lm_head_init must be 'random' or 'target', got {self.lm_head_init!r}")
         check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
         if self.aux_layer_ids is not None:
             ids = list(self.aux_layer_ids)

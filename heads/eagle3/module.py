@@ -89,6 +89,19 @@ class Eagle3Head(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
         """A fresh head for ``target``: its architecture and sizes, on its device and in its dtype."""
         return cls._new_for_target(Eagle3Config, target, **kwargs)
 
+    @torch.no_grad()
+    def init_lm_head_from(self, target: nn.Module) -> None:
+        """``lm_head_init: target``: row i of the draft lm_head [Vd, H] := the target lm_head's row of
+        draft token i's target id (i + d2t[i]); call it after `set_vocab_map`."""
+        weight = target.get_output_embeddings().weight
+        if weight.shape[1] != self.lm_head.weight.shape[1]:
+            raise ValueError(
+                f"lm_head_init: target: the target's lm_head has {weight.shape[1]} inputs, the draft's "
+                f"{self.lm_head.weight.shape[1]}"
+            )
+        ids = torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+        self.lm_head.weight.copy_(weight[ids.to(weight.device)].to(self.lm_head.weight))
+
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:
         return tuple(self.config.aux_layer_ids)
