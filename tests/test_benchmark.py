@@ -164,9 +164,11 @@ def test_outputs_schema(setup, tmp_path):
         assert c["ratio"] == pytest.approx(row["speedup"]["total"])  # against the baseline: the speedup
         assert c["ci95"] == pytest.approx(row["speedup"]["ci95"])
         assert 0 <= c["a_faster_on"] <= c["n_prompts"] == 2
+        lo, hi = c["tau_diff_ci95"]  # against plain decoding (τ = 1 on every prompt)
+        assert lo <= c["tau_a"] - 1.0 <= hi
     md = (tmp_path / "results.md").read_text()
     assert md.count("\n| toy |") == len(rows) + len(comps) and "Verify cost" in md
-    assert "Paired comparisons" in md
+    assert "Paired comparisons" in md and "| τ A - τ B |" in md
 
 
 class _Corrupting(bench.Method):
@@ -220,6 +222,27 @@ def test_bootstrap_interval_of_the_rate_ratio():
     assert lo < point < hi and lo >= 0.5 and hi <= 4.0
     assert bench.bootstrap_ratio_ci(mixed, base) == [lo, hi]  # deterministic
     assert bench.bootstrap_ratio_ci(mixed[:1], base[:1]) is None  # one prompt: no interval
+
+
+def test_bootstrap_interval_of_the_tau_difference():
+    """τ A - τ B over resampled prompts, each τ pooled (Σ emitted / Σ decode forwards), prompts paired."""
+
+    def runs(step_lists):
+        return [bench.Run(None, sum(s), 1.0, s, 1.0) for s in step_lists]
+
+    base = runs([[1, 2, 3], [2, 2], [4, 1, 1, 2], [3]])
+    assert bench.bootstrap_tau_diff_ci(base, base) == pytest.approx([0.0, 0.0])
+    plus_one = runs([[2, 3, 4], [3, 3], [5, 2, 2, 3], [4]])  # one more token on every step
+    assert bench.bootstrap_tau_diff_ci(plus_one, base) == pytest.approx([1.0, 1.0])
+    mixed = runs([[5, 5, 5], [1, 1], [4, 1, 1, 2], [1]])  # ahead on prompt 0, behind on 1 and 3
+    lo, hi = bench.bootstrap_tau_diff_ci(mixed, base)
+    point = 26 / 10 - 21 / 10
+    assert lo < point < hi and lo < 0 < hi  # a lead that one prompt carries is not significant
+    assert bench.bootstrap_tau_diff_ci(mixed, base) == [lo, hi]  # deterministic
+    assert bench.bootstrap_tau_diff_ci(mixed[:1], base[:1]) is None  # one prompt: no interval
+    assert bench.bootstrap_tau_diff_ci(_runs([(3, 1.0), (3, 1.0)]), base[:2]) is None  # no step counts
+    c = bench.compare({"method": "a", "tau": 2.5}, {"method": "b", "tau": 2.1}, mixed, base)
+    assert c["tau_diff_ci95"] == [lo, hi]
 
 
 def test_vs_labels_are_checked():

@@ -30,7 +30,8 @@ Definitions (also written into results.json):
   interleaved runs resampled together): it covers the spread across prompts and the timing noise in
   this run, not a machine that is faster or slower in another run.
 - **paired comparisons** (``--vs A:B``, repeatable): the same ratio and interval between two methods,
-  e.g. a tuned tree against the default one, plus on how many prompts A was faster.
+  e.g. a tuned tree against the default one, plus on how many prompts A was faster, and τ A - τ B with
+  its 95% paired bootstrap interval over prompts (is one head's τ lead more than prompt-to-prompt noise?).
 - **efficiency** = speedup (total-time) / τ: the share of the acceptance that becomes wall-clock.
 - **time split** (``infer.generate`` only, when it supports ``timing=True``): draft, verify and
   bookkeeping (= total - draft - verify) seconds summed over prompts; "n/a" otherwise.
@@ -58,7 +59,7 @@ from infer.benchmark.measure import ForwardRecorder, PeakMemory, first_differenc
 from infer.benchmark.methods import SAMPLE_TEMPERATURE, Method, Run, generation_config, heads_methods
 from infer.benchmark.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, markdown, plot
 from infer.benchmark.run import DEFAULT_TIE_TOL, BenchmarkOptions, benchmark, main, parse_pairs, run
-from infer.benchmark.stats import bootstrap_ratio_ci, compare, summarise, total_rate
+from infer.benchmark.stats import bootstrap_ratio_ci, bootstrap_tau_diff_ci, compare, summarise, total_rate
 
 __all__ = [
     "DEFAULT_TIE_TOL",
@@ -73,6 +74,7 @@ __all__ = [
     "Run",
     "benchmark",
     "bootstrap_ratio_ci",
+    "bootstrap_tau_diff_ci",
     "compare",
     "first_difference",
     "generation_config",

@@ -26,6 +26,13 @@ def _ci(d: dict) -> str:
     return f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
 
 
+def _tau_diff(c: dict) -> str:
+    if c["tau_a"] is None or c["tau_b"] is None:
+        return "n/a"
+    ci = c.get("tau_diff_ci95")
+    return f"{c['tau_a'] - c['tau_b']:+.2f}" + (f" [{ci[0]:+.2f} to {ci[1]:+.2f}]" if ci else "")
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# selfspec benchmark ({report['date']})",
@@ -70,15 +77,16 @@ def markdown(report: dict) -> str:
         lines += [
             "",
             "Paired comparisons (`--vs A:B`): tokens/s of A over B on the same prompts, with the 95% "
-            "bootstrap interval over prompts, and on how many prompts A was faster:",
+            "bootstrap interval over prompts, on how many prompts A was faster, and τ A - τ B with its 95% "
+            "bootstrap interval over prompts:",
             "",
-            "| prompts | mode | A | B | A / B | A faster on | τ A / τ B |",
-            "|---|---|---|---|---|---|---|",
+            "| prompts | mode | A | B | A / B | A faster on | τ A / τ B | τ A - τ B |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for c in report["comparisons"]:
             lines.append(
                 f"| {c['prompt_set']} | {c['mode']} | {c['a']} | {c['b']} | {c['ratio']:.3f}{_ci(c)} | "
-                f"{c['a_faster_on']}/{c['n_prompts']} | {fmt(c['tau_a'])} / {fmt(c['tau_b'])} |"
+                f"{c['a_faster_on']}/{c['n_prompts']} | {fmt(c['tau_a'])} / {fmt(c['tau_b'])} | {_tau_diff(c)} |"
             )
     if report.get("verify_cost"):
         vc = report["verify_cost"]

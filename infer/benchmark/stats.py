@@ -27,6 +27,23 @@ def total_rate(runs: list[Run]) -> float:
     return sum(r.new_tokens for r in runs) / sum(r.seconds for r in runs)
 
 
+def _paired_bootstrap(
+    columns: list[list[float]], stat, reps: int, seed: int, level: float
+) -> list[float] | None:
+    """Percentile bootstrap interval of ``stat(*sums)``, where each of ``columns`` holds one number per
+    prompt and ``sums`` are their totals over a resample of prompts drawn with replacement (the same
+    resample for every column, so each prompt's pair stays together). None for fewer than 2 prompts."""
+    n = len(columns[0])
+    if n < 2:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (reps, n), generator=g)
+    sums = [torch.tensor(c, dtype=torch.float64)[idx].sum(1) for c in columns]
+    values = stat(*sums)
+    lo, hi = torch.quantile(values, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return [float(lo), float(hi)]
+
+
 def bootstrap_ratio_ci(
     runs: list[Run], base: list[Run], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = 0.95
 ) -> list[float] | None:
@@ -37,25 +54,27 @@ def bootstrap_ratio_ci(
     It covers prompt-to-prompt variation and the timing noise within this run, not a machine that is
     slower or faster in another run. Deterministic given ``seed``.
     """
-    n = len(runs)
-    if n < 2:
+    columns = [[float(getattr(r, k)) for r in rs] for rs in (runs, base) for k in ("new_tokens", "seconds")]
+    return _paired_bootstrap(columns, lambda ta, sa, tb, sb: (ta / sa) / (tb / sb), reps, seed, level)
+
+
+def bootstrap_tau_diff_ci(
+    runs: list[Run], base: list[Run], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = 0.95
+) -> list[float] | None:
+    """Percentile bootstrap interval of τ(runs) - τ(base), each the pooled τ (Σ tokens emitted by decode
+    forwards / Σ decode forwards) of a resample of prompts, drawn with replacement and paired as in
+    `bootstrap_ratio_ci`. It says whether one head's τ lead over another's on these prompts is more than
+    prompt-to-prompt variation. None for fewer than 2 prompts or runs without step counts."""
+    if any(r.steps is None for r in (*runs, *base)):
         return None
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (reps, n), generator=g)
-    cols = [
-        torch.tensor([float(getattr(r, k)) for r in rs], dtype=torch.float64)
-        for rs in (runs, base)
-        for k in ("new_tokens", "seconds")
-    ]
-    tok_a, sec_a, tok_b, sec_b = (c[idx].sum(1) for c in cols)
-    ratios = (tok_a / sec_a) / (tok_b / sec_b)
-    lo, hi = torch.quantile(ratios, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-    return [float(lo), float(hi)]
+    columns = [[float(f(r.steps)) for r in rs] for rs in (runs, base) for f in (sum, len)]
+    return _paired_bootstrap(columns, lambda ea, na, eb, nb: ea / na - eb / nb, reps, seed, level)
 
 
 def compare(a: dict, b: dict, runs_a: list[Run], runs_b: list[Run]) -> dict:
     """Paired comparison of two methods on the same prompts (``--vs A:B``): the ratio of their total rates,
-    its `bootstrap_ratio_ci`, and on how many prompts A was faster."""
+    its `bootstrap_ratio_ci`, on how many prompts A was faster, and τ A - τ B with its
+    `bootstrap_tau_diff_ci`."""
     ratio = total_rate(runs_a) / total_rate(runs_b)
     wins = sum(
         x.new_tokens / x.seconds > y.new_tokens / y.seconds for x, y in zip(runs_a, runs_b, strict=True)
@@ -69,6 +88,7 @@ def compare(a: dict, b: dict, runs_a: list[Run], runs_b: list[Run]) -> dict:
         "n_prompts": len(runs_a),
         "tau_a": a["tau"],
         "tau_b": b["tau"],
+        "tau_diff_ci95": bootstrap_tau_diff_ci(runs_a, runs_b),
     }
 
 
