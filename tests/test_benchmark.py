@@ -241,6 +241,7 @@ def test_bootstrap_interval_of_the_tau_difference():
     assert bench.bootstrap_tau_diff_ci(mixed, base) == [lo, hi]  # deterministic
     assert bench.bootstrap_tau_diff_ci(mixed[:1], base[:1]) is None  # one prompt: no interval
     assert bench.bootstrap_tau_diff_ci(_runs([(3, 1.0), (3, 1.0)]), base[:2]) is None  # no step counts
+    assert bench.bootstrap_tau_diff_ci(runs([[2], []]), base[:2]) is None  # a prompt with no decode step
     c = bench.compare({"method": "a", "tau": 2.5}, {"method": "b", "tau": 2.1}, mixed, base)
     assert c["tau_diff_ci95"] == [lo, hi]
 

@@ -64,8 +64,8 @@ def bootstrap_tau_diff_ci(
     """Percentile bootstrap interval of τ(runs) - τ(base), each the pooled τ (Σ tokens emitted by decode
     forwards / Σ decode forwards) of a resample of prompts, drawn with replacement and paired as in
     `bootstrap_ratio_ci`. It says whether one head's τ lead over another's on these prompts is more than
-    prompt-to-prompt variation. None for fewer than 2 prompts or runs without step counts."""
-    if any(r.steps is None for r in (*runs, *base)):
+    prompt-to-prompt variation. None for fewer than 2 prompts or a run without decode steps."""
+    if any(not r.steps for r in (*runs, *base)):  # None (not counted) or [] (prefill only): no τ
         return None
     columns = [[float(f(r.steps)) for r in rs] for rs in (runs, base) for f in (sum, len)]
     return _paired_bootstrap(columns, lambda ea, na, eb, nb: ea / na - eb / nb, reps, seed, level)
