@@ -95,8 +95,11 @@ def test_best_tree_is_the_brute_force_optimum(drafts):
         kids = torch.cat([seq.expand(96, -1), torch.arange(96)[:, None]], 1)
         p2 = torch.softmax(warp(None, m(kids).logits[:, -1].float()), -1)  # [V, V]
     paths = torch.cat([p1, (p1[:, None] * p2).flatten()])
-    want = paths.double().topk(drafts).values.sum().item()
-    assert best_tree_value(m, prefix, root, warp, drafts, depth=2) == pytest.approx(want, rel=1e-4)
+    want = paths.double().topk(drafts).values.sum().item()  # the first 96 entries are the depth-1 nodes
+    by_depth = best_tree_value(m, prefix, root, warp, drafts, depth=2)
+    assert sum(by_depth) == pytest.approx(want, rel=1e-4)
+    top = paths.double().topk(drafts)
+    assert by_depth[0] == pytest.approx(top.values[top.indices < 96].sum().item(), rel=1e-4)  # depth-1 nodes
 
 
 def test_head_tree_is_what_generate_verifies_and_best_tree_bounds_it():
@@ -112,7 +115,9 @@ def test_head_tree_is_what_generate_verifies_and_best_tree_bounds_it():
     new, at, got = run_.sequences[0, ids.shape[1] :], 0, []
     for n in run_.stats.accepted_lengths[:-1]:  # the last step may be cut at max_new_tokens
         prefix = torch.cat([ids, new[None, :at]], 1)
-        got.append(head_tree_value(m, trained.proposer(), prefix, int(new[at]), None, 6))
+        by_depth = head_tree_value(m, trained.proposer(), prefix, int(new[at]), None, 6)
+        assert by_depth == sorted(by_depth, reverse=True) and set(by_depth) <= {0.0, 1.0}
+        got.append(sum(by_depth))
         at += n
     assert got == [n - 1 for n in run_.stats.accepted_lengths[:-1]]
     assert max(got) >= 2 and len(got) >= 10
@@ -124,6 +129,9 @@ def test_head_tree_is_what_generate_verifies_and_best_tree_bounds_it():
     prompts = [self_generated(arch)[i : i + 1, :8] for i in (2, 3)]
     r = measure_contexts(m, props, prompts, gc, _warpers(gc), stride=6, drafts=47, depth=6)
     assert r["contexts"] == [3, 3]
+    for label, per_prompt in r["values"].items():  # the depths add up to the total, context by context
+        flat = [sum(d) for p in r["depths"][label] for d in p]
+        assert flat == pytest.approx(sum(per_prompt, []))
     for label in props:
         for got, best in zip(sum(r["values"][label], []), sum(r["values"]["best tree"], []), strict=True):
             assert got <= best + 1e-4

@@ -55,8 +55,11 @@ def expected_accepted(probs: Tensor, tree: DraftTree) -> Tensor:
 
 
 @torch.inference_mode()
-def best_tree_value(target: nn.Module, prefix: Tensor, root: int, warp, drafts: int, depth: int) -> float:
-    """The largest E[drafts accepted] of any tree of at most ``drafts`` nodes and depth <= ``depth`` below
+def best_tree_value(
+    target: nn.Module, prefix: Tensor, root: int, warp, drafts: int, depth: int
+) -> list[float]:
+    """[depth] floats: E[drafts accepted at depth d] (d = 1..depth) of the best tree, whose sum is the
+    largest E[drafts accepted] of any tree of at most ``drafts`` nodes and depth <= ``depth`` below
     ``root``, for the target after ``prefix`` [1, T]: the sum of the ``drafts`` highest path
     probabilities, found best-first (``warp``: the sampling warpers, as `infer.options` builds them).
 
@@ -80,26 +83,28 @@ def best_tree_value(target: nn.Module, prefix: Tensor, root: int, warp, drafts: 
 
     heap = children(logits, 1.0, (), drafts)
     heapq.heapify(heap)
-    total, taken = 0.0, 0
+    by_depth, taken = [0.0] * depth, 0
     while heap and taken < drafts:
         neg, path = heapq.heappop(heap)
-        total, taken = total - neg, taken + 1
+        by_depth[len(path) - 1] -= neg
+        taken += 1
         if len(path) < depth and taken < drafts:
             out = target(input_ids=prefix.new_tensor([path]), past_key_values=cache, use_cache=True,
                          position_ids=torch.arange(base, base + len(path), device=prefix.device)[None])  # fmt: skip
             cache.crop(-len(path))  # back to prefix + root
             for item in children(out.logits[0, -1], -neg, path, drafts - taken):
                 heapq.heappush(heap, item)
-    return total
+    return by_depth
 
 
 @torch.inference_mode()
 def head_tree_value(
     target: nn.Module, proposer: Proposer, prefix: Tensor, root: int, warp, depth: int
-) -> float:
-    """The accepted drafts of ``proposer``'s tree after ``prefix`` [1, T] with ``root`` as the step's root,
-    as `infer.generate` would draft it there: E[accepted] under exact sampling (``warp`` given), or the
-    greedy accepted length (``warp`` None)."""
+) -> list[float]:
+    """[depth] floats: the drafts accepted at depth d = 1..depth of ``proposer``'s tree after ``prefix``
+    [1, T] with ``root`` as the step's root, drafted as `infer.generate` would draft it there: their
+    expectation under exact sampling (``warp`` given; the sum of path probabilities at that depth), or
+    greedy's 0/1 (``warp`` None). The sum is the step's accepted drafts."""
     runner = TreeRunner(target, proposer.aux_layers, max_len=prefix.shape[1] + depth + 8)
     proposer.plan(prefix.shape[1] + depth + 8)
     out = runner.prefill(prefix)
@@ -107,9 +112,11 @@ def head_tree_value(
     tree = proposer.propose(prefix.new_tensor(root).view(()), depth)
     logits = runner.verify(tree).logits[0]  # [N+1, V]
     if warp is None:
-        return float(accept_greedy(logits, tree).length) - 1
-    probs = torch.softmax(warp(None, logits.float()), -1)
-    return float(expected_accepted(probs, tree))
+        n = int(accept_greedy(logits, tree).length) - 1
+        return [1.0] * n + [0.0] * (depth - n)
+    pp = path_probability(torch.softmax(warp(None, logits.float()), -1), tree)
+    by_depth = torch.zeros(depth + 1, dtype=pp.dtype).index_add_(0, tree.depth.cpu(), pp.cpu())
+    return by_depth[1:].tolist()
 
 
 def _continuation(target: nn.Module, ids: Tensor, gc, seed: int) -> Tensor:
@@ -140,14 +147,16 @@ def measure_contexts(target: nn.Module, proposers: dict[str, Proposer], prompts:
     of its `contexts` the accepted drafts of every proposer's tree (`head_tree_value`) and, sampling
     (``warp`` not None) with ``ceiling``, the best tree's (`best_tree_value`).
 
-    Returns {"values": {label: [[value per context] per prompt]}, "contexts": [count per prompt]}, the
-    best tree under the label "best tree"."""
+    Returns {"values": {label: [[accepted drafts per context] per prompt]}, "depths": {label: the same
+    split by depth, [[[per depth] per context] per prompt]}, "contexts": [count per prompt]}, the best
+    tree under the label "best tree"."""
     sampling = warp is not None
     for prop in proposers.values():
         prop.decoding((gc.temperature or 1.0) if sampling else None)
     values: dict[str, list[list[float]]] = {label: [] for label in proposers}
     if sampling and ceiling:
         values["best tree"] = []
+    depths: dict[str, list[list[list[float]]]] = {label: [] for label in values}
     counts = []
     for i, ids in enumerate(prompts):
         cont = _continuation(target, ids, gc, seed * 100_003 + i)
@@ -155,16 +164,21 @@ def measure_contexts(target: nn.Module, proposers: dict[str, Proposer], prompts:
         counts.append(len(at))
         for label in values:
             values[label].append([])
+            depths[label].append([])
         for t in at:
             prefix = torch.cat([ids, cont[None, :t]], 1)
             root = int(cont[t])
             for label, prop in proposers.items():
-                values[label][-1].append(head_tree_value(target, prop, prefix, root, warp, depth))
+                d = head_tree_value(target, prop, prefix, root, warp, depth)
+                values[label][-1].append(sum(d))
+                depths[label][-1].append(d)
             if "best tree" in values:
-                values["best tree"][-1].append(best_tree_value(target, prefix, root, warp, drafts, depth))
+                d = best_tree_value(target, prefix, root, warp, drafts, depth)
+                values["best tree"][-1].append(sum(d))
+                depths["best tree"][-1].append(d)
             if progress is not None:
                 progress.update(1)
-    return {"values": values, "contexts": counts}
+    return {"values": values, "depths": depths, "contexts": counts}
 
 
 def _help(text: str) -> dict:
@@ -211,14 +225,17 @@ class CeilingOptions:
 
 def summarise(result: dict, pairs: list[tuple[str, str]], reps: int = BOOTSTRAP_REPS) -> dict:
     """τ = 1 + mean accepted drafts per context, with a 95% bootstrap interval over prompts (each
-    prompt's contexts resampled together), each head's share of the best tree's τ, and paired
-    differences τ A - τ B (same contexts)."""
+    prompt's contexts resampled together), the mean accepted at each depth, each head's share of the
+    best tree's τ, and paired differences τ A - τ B (same contexts)."""
     counts = [float(c) for c in result["contexts"]]
     sums = {k: [sum(v) for v in vs] for k, vs in result["values"].items()}
     out = {"contexts": int(sum(counts)), "prompts": len(counts), "tau": {}, "vs": {}}
     for label, s in sums.items():
         ci = _paired_bootstrap([s, counts], lambda a, n: 1 + a / n, reps, 0, 0.95)
         out["tau"][label] = {"mean": 1 + sum(s) / sum(counts), "ci95": ci}
+        rows = [d for per_prompt in result.get("depths", {}).get(label, []) for d in per_prompt]
+        if rows:  # E[accepted at depth d] per context: where a tree gains or loses against the best one
+            out["tau"][label]["by_depth"] = [sum(col) / len(rows) for col in zip(*rows, strict=True)]
     best = sums.get("best tree")
     for label, s in sums.items():
         if best is not None and label != "best tree":
@@ -244,15 +261,18 @@ def markdown(report: dict) -> str:
              "accepted length); intervals: 95% bootstrap over prompts.\n"]  # fmt: skip
     for key, s in report["results"].items():
         lines.append(f"\n## {key} ({s['prompts']} prompts, {s['contexts']} contexts)\n")
-        lines.append("| draft | τ | 95% interval | share of the best tree's τ |")
-        lines.append("|---|---|---|---|")
+        lines.append(
+            "| draft | τ | 95% interval | share of the best tree's τ | accepted at depth 1, 2, ... |"
+        )
+        lines.append("|---|---|---|---|---|")
         for label, t in s["tau"].items():
             ci, share, sci = t["ci95"], t.get("share_of_best"), t.get("share_ci95")
             interval = f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"
             share_s = (
                 "-" if share is None else f"{share:.3f}" + (f" [{sci[0]:.3f}-{sci[1]:.3f}]" if sci else "")
             )
-            lines.append(f"| {label} | {t['mean']:.3f} | {interval} | {share_s} |")
+            by = " / ".join(f"{x:.3f}" for x in t["by_depth"]) if t.get("by_depth") else "-"
+            lines.append(f"| {label} | {t['mean']:.3f} | {interval} | {share_s} | {by} |")
         for pair, v in s["vs"].items():
             lines.append(f"\nτ {pair.replace(':', ' - ')}: {v['diff']:+.3f}{_ci(v['ci95'])}, ahead on "
                          f"{v['prompts_ahead']}/{s['prompts']} prompts")  # fmt: skip
