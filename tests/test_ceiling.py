@@ -12,7 +12,7 @@ import torch
 from test_eagle import self_generated, target, trained_head
 
 import infer
-from heads import EagleHead, save_heads
+from heads import EagleHead, MedusaHeads, save_heads
 from infer.benchmark.ceiling import (
     best_tree_value,
     expected_accepted,
@@ -154,6 +154,15 @@ def test_command_line_writes_the_report(tmp_path, tiny_eagle_target, capsys):
     with pytest.raises(SystemExit) as e:  # argparse's one-line error, before any model loads
         run(["--target", directory, "--prompts", f"code={directory}/prompts.jsonl", "--out", str(out)])
     assert e.value.code == 2 and "--heads: give at least one" in capsys.readouterr().err
+    medusa = heads.replace("eagle", "medusa")
+    with pytest.raises(ValueError, match="one tree size for all heads"):
+        run(["--target", directory, "--prompts", f"code={directory}/prompts.jsonl", "--heads", f"e={heads}",
+             "--heads", f"m={medusa}", "--dtype", "fp32", "--out", str(out)])  # fmt: skip
+    report = run(["--target", directory, "--prompts", f"code={directory}/prompts.jsonl", "--heads", f"e={heads}",
+                  "--limit", "1", "--max-new-tokens", "12", "--stride", "4", "--dtype", "fp32", "--modes", "sample",
+                  "--depth", "3", "--draft-top-k", "2", "--total-tokens", "6", "--out", str(out)])  # fmt: skip
+    assert "trees of 5 drafts, depth <= 3" in report["tree"]
+    assert len(report["results"]["code T=0.7"]["tau"]["best tree"]["by_depth"]) == 3
 
 
 @pytest.fixture
@@ -172,6 +181,7 @@ def tiny_eagle_target(tmp_path):
     tok.save_pretrained(directory)
     torch.manual_seed(0)
     save_heads(EagleHead.for_target(model), str(tmp_path / "eagle"))
+    save_heads(MedusaHeads.for_target(model, num_heads=2), str(tmp_path / "medusa"))
     with open(f"{directory}/prompts.jsonl", "w") as f:
         f.write(json.dumps({"text": "def add(a, b):\n    return"}) + "\n")
     return directory, str(tmp_path / "eagle")

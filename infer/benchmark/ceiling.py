@@ -181,6 +181,12 @@ def measure_contexts(target: nn.Module, proposers: dict[str, Proposer], prompts:
     return {"values": values, "depths": depths, "contexts": counts}
 
 
+def _tree_size(proposer: Proposer) -> tuple[int, int]:
+    """(drafts, depth) of a proposer's trees: an EAGLE-2 budget, or a static tree's paths."""
+    total = getattr(proposer, "total_tokens", None)
+    return (total - 1 if total else len(proposer.tree)), proposer.depth
+
+
 def _help(text: str) -> dict:
     return {"help": text}
 
@@ -202,6 +208,13 @@ class CeilingOptions:
     max_new_tokens: int = field(default=128, metadata=_help("length of the target's continuation"))
     stride: int = field(default=16, metadata=_help("measure at every stride-th position of the continuation"))
     modes: str = field(default="greedy,sample", metadata=_help("comma list of greedy, sample (T=0.7)"))
+    depth: int | None = field(default=None, metadata=_help("EAGLE-2 max draft depth (default: the heads')"))
+    draft_top_k: int | None = field(
+        default=None, metadata=_help("EAGLE-2 children per node (default: the heads')")
+    )
+    total_tokens: int | None = field(
+        default=None, metadata=_help("EAGLE-2 tree size, root incl. (default: the heads')")
+    )
     ceiling: bool = field(
         default=True, metadata=_help("also find the best tree (sampling; one forward per node)")
     )
@@ -311,11 +324,13 @@ def run(argv: list[str]) -> dict:
     sets = prompt_files(o.prompts, size, o.out)
     prompts = {n: [render_prompt(r, tok, f"{p} row {i + 1}") for i, r in enumerate(read_prompts(p)[: o.limit])]
                for n, p in sets.items()}  # fmt: skip
-    proposers = {label: infer.load(target, heads=d).proposer() for label, d in heads}
-    any_prop = next(iter(proposers.values()))
-    depth = getattr(any_prop, "depth", None) or max(len(p) for p in any_prop.tree)
-    drafts = getattr(any_prop, "total_tokens", None)
-    drafts = drafts - 1 if drafts else len(any_prop.tree)
+    shape = {k: v for k, v in (("depth", o.depth), ("draft_top_k", o.draft_top_k),
+                                ("total_tokens", o.total_tokens)) if v is not None}  # fmt: skip
+    proposers = {label: infer.load(target, heads=d).proposer(**shape) for label, d in heads}
+    sizes = {label: _tree_size(p) for label, p in proposers.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"the best tree needs one tree size for all heads; (drafts, depth) are {sizes}")
+    drafts, depth = next(iter(sizes.values()))
     modes = [m for m in o.modes.split(",") if m]
     n_ctx = sum(
         len(contexts(torch.empty(o.max_new_tokens), o.stride, depth)) * len(p) for p in prompts.values()
@@ -342,7 +357,7 @@ def run(argv: list[str]) -> dict:
         bar.close()
     report = {"command": " ".join(["scripts/tree_ceiling.py", *argv]),
               "machine": machine_info(torch.device("cpu"))["summary"],
-              "tree": f"trees of {drafts} drafts, depth <= {depth} (each head's default)",
+              "tree": f"trees of {drafts} drafts, depth <= {depth}" + (f" ({shape})" if shape else " (the heads' default)"),
               "options": vars(o), "results": results, "raw": raw}  # fmt: skip
     with open(os.path.join(o.out, "results.json"), "w") as f:
         json.dump(report, f, indent=1)
