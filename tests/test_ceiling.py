@@ -21,6 +21,7 @@ from infer.benchmark.ceiling import (
     measure_contexts,
     path_probability,
     run,
+    sampling_warp,
     summarise,
 )
 from infer.options import _warpers
@@ -138,6 +139,15 @@ def test_head_tree_is_what_generate_verifies_and_best_tree_bounds_it():
     s = summarise(r, [("trained", "fresh")], reps=200)
     assert s["vs"]["trained:fresh"]["diff"] > 0.3
     assert 0 < s["tau"]["fresh"]["share_of_best"] < s["tau"]["trained"]["share_of_best"] <= 1 + 1e-6
+
+
+def test_sampling_warp_is_the_one_generate_uses():
+    """T = 0.7 with no top-k set: `infer.generate` and ``target.generate`` add transformers' top-k 50."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+    warp = sampling_warp(target("llama"), GenerationConfig(do_sample=True, temperature=0.7))
+    assert [type(w) for w in warp] == [TemperatureLogitsWarper, TopKLogitsWarper] and warp[1].top_k == 50
 
 
 def test_command_line_writes_the_report(tmp_path, tiny_eagle_target, capsys):

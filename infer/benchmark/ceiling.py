@@ -119,6 +119,14 @@ def head_tree_value(
     return by_depth[1:].tolist()
 
 
+def sampling_warp(target: nn.Module, gc):
+    """The warpers `infer.generate` (and ``target.generate``) sample with under ``gc``: the config resolved
+    as `infer.options` resolves it, so transformers' global defaults (top-k 50) are included."""
+    from infer.options import _resolve, _warpers
+
+    return _warpers(_resolve(target, gc, {}))
+
+
 def _continuation(target: nn.Module, ids: Tensor, gc, seed: int) -> Tensor:
     """The target's own continuation [n] of ``ids`` [1, T] under ``gc``, to the full length: EOS cleared
     (transformers fills a None ``eos_token_id`` from the model's generation config, so both)."""
@@ -308,7 +316,6 @@ def run(argv: list[str]) -> dict:
     from infer.benchmark.methods import SAMPLE_TEMPERATURE, generation_config
     from infer.benchmark.prompt_sets import prompt_files
     from infer.benchmark.run import parse_pairs
-    from infer.options import _warpers
     from infer.prompts import read_prompts, render_prompt
 
     o = parse_cli(CeilingOptions, argv, prog="scripts/tree_ceiling.py")
@@ -341,7 +348,7 @@ def run(argv: list[str]) -> dict:
         for mode in modes:
             gc = generation_config(target, tok, sampling=mode == "sample", max_new_tokens=o.max_new_tokens,
                                    stop_at_eos=False)  # fmt: skip
-            warp = _warpers(gc) if mode == "sample" else None
+            warp = sampling_warp(target, gc) if mode == "sample" else None
             for name, ps in prompts.items():
                 r = measure_contexts(target, proposers, ps, gc, warp, stride=o.stride, drafts=drafts, depth=depth,
                                      seed=o.seed, ceiling=o.ceiling, progress=bar)  # fmt: skip
