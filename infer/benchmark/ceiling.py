@@ -227,6 +227,7 @@ class CeilingOptions:
         default=True, metadata=_help("also find the best tree (sampling; one forward per node)")
     )
     dtype: str = field(default="bf16", metadata=_help("target dtype"))
+    device: str | None = field(default=None, metadata=_help("cuda, cpu, ... (default: cuda if available)"))
     seed: int = field(default=0, metadata=_help("seed of the continuations (per prompt)"))
     threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
     vs: list[str] = field(
@@ -315,6 +316,7 @@ def run(argv: list[str]) -> dict:
     from infer.benchmark.machine import machine_info
     from infer.benchmark.methods import SAMPLE_TEMPERATURE, generation_config
     from infer.benchmark.prompt_sets import prompt_files
+    from infer.benchmark.report import write_text
     from infer.benchmark.run import parse_pairs
     from infer.prompts import read_prompts, render_prompt
 
@@ -325,11 +327,12 @@ def run(argv: list[str]) -> dict:
     ]
     pairs = parse_pairs(o.vs, [label for label, _ in heads])
     path, size = demo.resolve(o.target), demo.NAMES.get(o.target)
-    target = load_target(path, dtype=o.dtype, device=torch.device("cpu"))
+    device = torch.device(o.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = load_target(path, dtype=o.dtype, device=device)
     tok = AutoTokenizer.from_pretrained(path)
     os.makedirs(o.out, exist_ok=True)
     sets = prompt_files(o.prompts, size, o.out)
-    prompts = {n: [render_prompt(r, tok, f"{p} row {i + 1}") for i, r in enumerate(read_prompts(p)[: o.limit])]
+    prompts = {n: [render_prompt(r, tok, f"{p} row {i + 1}").to(device) for i, r in enumerate(read_prompts(p)[: o.limit])]
                for n, p in sets.items()}  # fmt: skip
     shape = {k: v for k, v in (("depth", o.depth), ("draft_top_k", o.draft_top_k),
                                 ("total_tokens", o.total_tokens)) if v is not None}  # fmt: skip
@@ -363,11 +366,11 @@ def run(argv: list[str]) -> dict:
     finally:
         bar.close()
     report = {"command": " ".join(["scripts/tree_ceiling.py", *argv]),
-              "machine": machine_info(torch.device("cpu"))["summary"],
+              "machine": machine_info(device)["summary"],
               "tree": f"trees of {drafts} drafts, depth <= {depth}" + (f" ({shape})" if shape else " (the heads' default)"),
               "options": vars(o), "results": results, "raw": raw}  # fmt: skip
-    with open(os.path.join(o.out, "results.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    with open(os.path.join(o.out, "results.md"), "w") as f:
-        f.write(markdown(report))
+    write_text(
+        os.path.join(o.out, "results.json"), json.dumps(report, indent=1) + "\n"
+    )  # atomic: no partial file
+    write_text(os.path.join(o.out, "results.md"), markdown(report))
     return report
