@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,56 +34,26 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import infer  # noqa: E402
 from demo.precision import fast_precision  # noqa: E402
+from demo.spec import SPECS  # noqa: E402
 from heads.eagle3.module import Eagle3Head  # noqa: E402
 from heads.io import atomic_text  # noqa: E402
+from infer.benchmark.machine import machine_info  # noqa: E402
 
-# name: (Llama config fields, draft vocabulary size). "demo" is the demo target's shape; the others are
-# the layer count / width / vocabulary of public models (a Llama with their numbers, random weights).
+
+def _llama(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int) -> dict:
+    return dict(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+                num_key_value_heads=kv, vocab_size=vocab)  # fmt: skip
+
+
+_DEMO = SPECS["full"]
+_DEMO_FIELDS = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size")
+# name: (Llama config fields, draft vocabulary size): the demo target's own spec, then the layer count /
+# width / vocabulary of public models (a Llama with their numbers, random weights).
 SHAPES: dict[str, tuple[dict, int]] = {
-    "demo": (
-        dict(
-            hidden_size=128,
-            intermediate_size=384,
-            num_hidden_layers=12,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            vocab_size=8192,
-        ),
-        2048,
-    ),  # fmt: skip
-    "small": (
-        dict(
-            hidden_size=512,
-            intermediate_size=1536,
-            num_hidden_layers=12,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            vocab_size=32000,
-        ),
-        8192,
-    ),  # fmt: skip
-    "0.5b": (
-        dict(
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            vocab_size=151936,
-        ),
-        32000,
-    ),  # Qwen2.5-0.5B's numbers  # fmt: skip
-    "1b": (
-        dict(
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            vocab_size=128256,
-        ),
-        32000,
-    ),  # Llama-3.2-1B's numbers  # fmt: skip
+    "demo": (_llama(*(getattr(_DEMO, k) for k in _DEMO_FIELDS)), 2048),
+    "small": (_llama(12, 512, 1536, 8, 4, 32000), 8192),
+    "0.5b": (_llama(24, 896, 4864, 14, 2, 151936), 32000),  # Qwen2.5-0.5B's numbers
+    "1b": (_llama(16, 2048, 8192, 32, 8, 128256), 32000),  # Llama-3.2-1B's numbers
 }
 HEADS = {
     "EAGLE-3.1": dict(fc_norm=True, norm_output=True),
@@ -164,13 +133,11 @@ def main() -> None:
     dtype_name, why = prec.name, prec.reason
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     rows = [measure(s, a.new_tokens, a.repeats, dtype) for s in a.shapes]
-    machine = (
-        f"{platform.machine()}, {os.cpu_count()} cores, {a.threads} thread(s), torch {torch.__version__}"
-    )
+    machine = machine_info(torch.device("cpu"))
     lines = [
         "# One speculative step against one plain decode step, by target shape",
         "",
-        f"`{' '.join(['python', 'results/draft-share-scaling/run.py', *sys.argv[1:]])}` ({machine}; "
+        f"`{' '.join(['python', 'results/draft-share-scaling/run.py', *sys.argv[1:]])}` ({machine['summary']}; "
         f"{dtype_name}: {why}); random weights, 128-token prompt, {a.new_tokens} new tokens, median of "
         f"{a.repeats} interleaved repeats; EAGLE trees: the library's defaults.",
         "",
