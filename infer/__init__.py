@@ -24,7 +24,7 @@ from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
 from infer.parallel_draft import ParallelProposer
-from infer.settings import InferSettings, check_paths, check_tree_budget, read_settings
+from infer.settings import InferSettings, check_paths, check_tree_budget, heads_defaults, read_settings
 from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
@@ -79,7 +79,7 @@ class SpecModel:
         if not isinstance(self.heads, nn.Module) or not hasattr(self.heads, "config"):
             raise ValueError(f"heads must be selfspec draft heads, got {type(self.heads).__name__}")
         if self.settings is None:
-            self.settings = InferSettings()
+            self.settings = InferSettings(**heads_defaults(self.heads.config))
         elif not isinstance(self.settings, InferSettings):
             raise ValueError(f"settings must be infer.InferSettings, got {type(self.settings).__name__}")
         check_target(self.target)  # ALiBi, recurrent layers, flash attention...: refused, not inexact

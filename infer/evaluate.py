@@ -43,7 +43,7 @@ from heads import load_heads, load_target, registry
 from heads.base import read_config, resolve_dir
 from heads.graft import TargetOutput, resolve_demo_target, run_target
 from heads.io import atomic_text
-from infer.settings import DEFAULTS
+from infer.settings import DEFAULTS, heads_defaults
 from infer.tree import chain
 from infer.tune import empirical_accept_length, expected_accept_length
 
@@ -267,9 +267,10 @@ def load_all(heads_path: str, target_path: str | None, dtype: str):
 
 
 def default_depth(heads: nn.Module) -> int:
-    """The depths worth scoring: every Medusa head (static trees), EAGLE-2's default depth (dynamic)."""
+    """The depths worth scoring: every Medusa head (static trees), the depth these dynamic-tree heads
+    draft by default (EAGLE-2's 6; a P-EAGLE head's K, `infer.settings.heads_defaults`)."""
     static = registry.of(heads).tree == "static"
-    return heads.config.num_heads if static else DEFAULTS.depth
+    return heads.config.num_heads if static else heads_defaults(heads.config).get("depth", DEFAULTS.depth)
 
 
 def run(opts: EvalOptions, load_batches: BatchLoader) -> tuple[dict, RankStats]:

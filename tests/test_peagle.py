@@ -272,6 +272,34 @@ def test_export_refuses(to, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_heads_draft_all_their_slots_by_default(tmp_path):
+    """P-EAGLE heads with K = 8 slots (more than EAGLE-2's default depth 6) draft depth 8 unless asked for
+    less: in memory, loaded from a directory, and in the offline eval's depths; an explicit ``depth`` and a
+    saved ``inference.json`` win; sequential heads keep 6. Greedy output stays the target's at depth 8."""
+    from infer.evaluate import default_depth
+    from infer.settings import write_settings
+
+    m = target("llama")
+    base = make_head("eagle3", "llama", 3)
+    head = Eagle3Head(Eagle3Config.from_dict(base.config.to_dict() | {"parallel_draft": 8}))
+    head.load_state_dict(base.state_dict(), strict=False)
+    head.eval()
+    model = infer.SpecModel(m, head)
+    assert model.proposer().depth == 8 and model.proposer(depth=5).depth == 5
+    assert infer.SpecModel(m, Eagle3Head.for_target(m)).proposer().depth == 6
+    assert default_depth(head) == 8 and default_depth(Eagle3Head.for_target(m)) == 6
+    save_heads(head, str(tmp_path))
+    assert infer.load(m, heads=str(tmp_path)).proposer().depth == 8
+    write_settings(str(tmp_path), {"total_tokens": 24})  # a saved budget without a depth keeps depth 8
+    assert (lambda p: (p.depth, p.total_tokens))(infer.load(m, heads=str(tmp_path)).proposer()) == (8, 24)
+    write_settings(str(tmp_path), {"depth": 5})
+    assert infer.load(m, heads=str(tmp_path)).proposer().depth == 5
+    ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(8))
+    for kw in ({"draft_top_k": 4, "total_tokens": 24}, {"draft_top_k": 1, "total_tokens": 9}):
+        out = infer.generate(model, ids, max_new_tokens=24, do_sample=False, **kw)
+        assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
+
+
 def test_sequential_heads_keep_the_sequential_proposer():
     m = target("llama")
     prop = infer.SpecModel(m, Eagle3Head.for_target(m)).proposer()
