@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 16: the heads of stream.sh side by side in one run, nothing else on the machine (bench-rerun/ is the
+# first command again with --out results/peagle-depth/bench-rerun): 16 held-out code
+# + 16 held-out chat prompts (never trained on by the target or the heads), 128 new tokens, greedy and
+# T=0.7, bf16, 1 thread, HF prompt lookup as the other baseline. Trees: Medusa its default 32-draft tree;
+# EAGLE-3.1 and P-EAGLE the EAGLE-2 default (top-k 8, 48 tokens, depth 6; P-EAGLE's depth is capped at its
+# K, and peagle8's inference.json, written below, sets depth 8).
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+O=out/pd
+.venv/bin/python -c "from infer.settings import write_settings; write_settings('$O/peagle8', {'depth': 8})" || exit 1
+.venv/bin/python scripts/benchmark.py --target demo --dtype bf16 --heads medusa=$O/medusa \
+  --heads eagle31=$O/eagle31 --heads peagle4=$O/peagle4 --heads peagle6=$O/peagle6 --heads peagle8=$O/peagle8 \
+  --limit 16 --max-new-tokens 128 --modes greedy,sample --threads 1 --verify-cost '' --prompt-lookup 3 \
+  --vs peagle6:peagle4 --vs peagle8:peagle6 --vs peagle6:eagle31 --vs peagle8:eagle31 --vs peagle6:medusa \
+  --vs peagle8:medusa --vs eagle31:medusa --vs "medusa:prompt-lookup (3)" --out results/peagle-depth/bench
+# peagle8 at depth 6 (the EAGLE-2 default: a copy of the heads without the inference.json) against depth 8,
+# greedy, the same prompts, one run
+rm -rf $O/peagle8-d6 && cp -r $O/peagle8 $O/peagle8-d6 && rm $O/peagle8-d6/inference.json || exit 1
+.venv/bin/python scripts/benchmark.py --target demo --dtype bf16 --heads peagle8-d8=$O/peagle8 \
+  --heads peagle8-d6=$O/peagle8-d6 --limit 16 --max-new-tokens 128 --modes greedy --threads 1 --verify-cost '' \
+  --prompt-lookup 0 --vs peagle8-d8:peagle8-d6 --out results/peagle-depth/bench-depth
