@@ -20,3 +20,9 @@ rm -rf $O/peagle8-d6 && cp -r $O/peagle8 $O/peagle8-d6 && rm $O/peagle8-d6/infer
 .venv/bin/python scripts/benchmark.py --target demo --dtype bf16 --heads peagle8-d8=$O/peagle8 \
   --heads peagle8-d6=$O/peagle8-d6 --limit 16 --max-new-tokens 128 --modes greedy --threads 1 --verify-cost '' \
   --prompt-lookup 0 --vs peagle8-d8:peagle8-d6 --out results/peagle-depth/bench-depth
+# after stream.sh C: K = 12 against K = 8 (each at depth K, its default now), with the default 48-token tree
+# and a 64-token one, greedy and T=0.7, the same prompts, one run
+.venv/bin/python scripts/benchmark.py --target demo --dtype bf16 --heads peagle8=$O/peagle8 --heads peagle12=$O/peagle12 \
+  --total-tokens 48,64 --limit 16 --max-new-tokens 128 --modes greedy,sample --threads 1 --verify-cost '' \
+  --prompt-lookup 0 --vs "peagle12 [48 tok]:peagle8 [48 tok]" --vs "peagle12 [64 tok]:peagle8 [64 tok]" \
+  --vs "peagle8 [64 tok]:peagle8 [48 tok]" --out results/peagle-depth/bench-k12

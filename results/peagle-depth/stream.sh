@@ -28,4 +28,6 @@ case "$1" in
      run medusa demo-medusa-regen 720 ;;
   B) run eagle31 demo-eagle31 720
      run peagle8 demo-eagle31 720 heads.options.parallel_draft=8 ;;
+  # after A and B: one more depth, trained alone with two threads
+  C) OMP_NUM_THREADS=2 run peagle12 demo-eagle31 720 heads.options.parallel_draft=12 ;;
 esac
