@@ -41,7 +41,7 @@ from infer.evaluate import BatchLoader, default_data, evaluate_heads, load_all, 
 from infer.measure import compare, measure_src, measure_tau, prompts_path
 from infer.profile import measure_draft, measure_profile
 from infer.prompts import load_prompts
-from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
+from infer.settings import BUDGET_KEYS, DEFAULTS, heads_defaults, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
     choose_eagle_budget,
@@ -146,10 +146,19 @@ def tune_medusa(
     return {"paths": paths, "tuning": record}
 
 
-def tune_eagle(rank_probs: Tensor, profile: dict, draft_s: dict, draft_top_k: int) -> dict:
-    """The tuned settings for dynamic-tree heads: EAGLE-2's total_tokens and depth, and the tuning record."""
+def default_budget(heads) -> dict:
+    """The EAGLE-2 budget these heads draft with when nothing is saved: the library's, under the heads'
+    own defaults (`infer.settings.heads_defaults`: a P-EAGLE head's depth K)."""
+    return DEFAULTS.budget() | heads_defaults(heads.config)
+
+
+def tune_eagle(
+    rank_probs: Tensor, profile: dict, draft_s: dict, draft_top_k: int, default: dict | None = None
+) -> dict:
+    """The tuned settings for dynamic-tree heads: EAGLE-2's total_tokens and depth, and the tuning record
+    (``default``: the untuned budget it is compared with, `default_budget`; the library's if None)."""
     best = choose_eagle_budget(rank_probs, profile["step_s"], draft_s, draft_top_k)
-    d = DEFAULTS.budget()
+    d = default or DEFAULTS.budget()
     tau_default = expected_accept_curve(
         rank_probs, d["total_tokens"] - 1, max_depth=d["depth"], max_rank=d["draft_top_k"]
     )[-1]
@@ -232,7 +241,7 @@ def refine_eagle(
                 "draft_top_k": tree["draft_top_k"],
                 "total_tokens": total,
             }
-    default = DEFAULTS.budget()
+    default = default_budget(model.heads)
     if default["total_tokens"] <= len(step_s) and default["depth"] in draft_s:
         cands["default"] = default
     cost, info = {}, {}
@@ -325,7 +334,9 @@ class _Run:
         )
 
 
-def _accuracies(opts: TuneOptions, heads, target, tokenizer, data: str, depth: int, load_batches: BatchLoader):
+def _accuracies(
+    opts: TuneOptions, heads, target, tokenizer, data: str, depth: int, load_batches: BatchLoader
+):
     """(eval_heads-style summary, joint rank vectors or None): from ``--accuracies`` or evaluated now."""
     if opts.accuracies:
         with open(opts.accuracies) as f:
@@ -361,14 +372,16 @@ def _tune_static(run: _Run) -> tuple[dict, dict]:
 def _tune_dynamic(run: _Run) -> tuple[dict, dict]:
     """(tuned budget dict, --compare configs) for dynamic-tree (EAGLE-2) heads."""
     opts, model = run.opts, run.model
-    cfgs = {d: {"depth": d, "draft_top_k": opts.draft_top_k, "total_tokens": 64} for d in opts.depths}
+    default = default_budget(model.heads)
+    depths = sorted({*opts.depths, default["depth"]})  # the untuned depth is always a candidate
+    cfgs = {d: {"depth": d, "draft_top_k": opts.draft_top_k, "total_tokens": 64} for d in depths}
     draft = measure_draft(model, run.prefix, cfgs, opts.repeats)
     run.profile["draft_s_by_depth"] = {str(d): s for d, s in draft.items()}
-    tree = tune_eagle(run.rank_probs, run.profile, draft, opts.draft_top_k)
+    tree = tune_eagle(run.rank_probs, run.profile, draft, opts.draft_top_k, default)
     if opts.measure_tau:
         tree = refine_eagle(model, tree, run.prompts(), run.profile, draft, opts.max_new_tokens // 2)
         _print_candidates(tree)
-    return tree, {"default": DEFAULTS.budget(), "tuned": {k: tree[k] for k in BUDGET_KEYS}}
+    return tree, {"default": default, "tuned": {k: tree[k] for k in BUDGET_KEYS}}
 
 
 # What tuning chooses for each tree kind (`heads.registry.HeadType.tree`).
@@ -379,7 +392,7 @@ def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     """Load the heads and target, get the accuracies and the verification profile."""
     heads, target, tokenizer, directory = load_all(opts.heads, opts.target, opts.dtype)
     static = registry.of(heads).tree == "static"
-    depth = heads.config.num_heads if static else max(opts.depths)
+    depth = heads.config.num_heads if static else max(*opts.depths, default_budget(heads)["depth"])
     data = opts.data or default_data(directory)
     if not data:  # the accuracies and the profile's prefix both come from held-out text
         raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")

@@ -275,9 +275,10 @@ def test_export_refuses(to, tmp_path):
 def test_heads_draft_all_their_slots_by_default(tmp_path):
     """P-EAGLE heads with K = 8 slots (more than EAGLE-2's default depth 6) draft depth 8 unless asked for
     less: in memory, loaded from a directory, and in the offline eval's depths; an explicit ``depth`` and a
-    saved ``inference.json`` win; sequential heads keep 6. Greedy output stays the target's at depth 8."""
+    saved ``inference.json`` win; sequential heads keep 6. The tree tuner compares against that default. Greedy output stays the target's at depth 8."""
     from infer.evaluate import default_depth
     from infer.settings import write_settings
+    from infer.tune_tree import default_budget
 
     m = target("llama")
     base = make_head("eagle3", "llama", 3)
@@ -288,6 +289,7 @@ def test_heads_draft_all_their_slots_by_default(tmp_path):
     assert model.proposer().depth == 8 and model.proposer(depth=5).depth == 5
     assert infer.SpecModel(m, Eagle3Head.for_target(m)).proposer().depth == 6
     assert default_depth(head) == 8 and default_depth(Eagle3Head.for_target(m)) == 6
+    assert default_budget(head)["depth"] == 8 and default_budget(Eagle3Head.for_target(m))["depth"] == 6
     save_heads(head, str(tmp_path))
     assert infer.load(m, heads=str(tmp_path)).proposer().depth == 8
     write_settings(str(tmp_path), {"total_tokens": 24})  # a saved budget without a depth keeps depth 8
