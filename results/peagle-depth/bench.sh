@@ -26,3 +26,11 @@ rm -rf $O/peagle8-d6 && cp -r $O/peagle8 $O/peagle8-d6 && rm $O/peagle8-d6/infer
   --total-tokens 48,64 --limit 16 --max-new-tokens 128 --modes greedy,sample --threads 1 --verify-cost '' \
   --prompt-lookup 0 --vs "peagle12 [48 tok]:peagle8 [48 tok]" --vs "peagle12 [64 tok]:peagle8 [64 tok]" \
   --vs "peagle8 [64 tok]:peagle8 [48 tok]" --out results/peagle-depth/bench-k12
+# a wider root at T=0.7: EAGLE-3.1 and K = 8 with draft_top_k 16 (copies of the heads with that inference.json)
+# against the default 8, the same 48 tokens, prompts and seeds, one run
+for n in eagle31 peagle8; do rm -rf $O/$n-k16 && cp -r $O/$n $O/$n-k16 && rm -f $O/$n-k16/inference.json || exit 1; done
+.venv/bin/python -c "from infer.settings import write_settings as w; w('$O/eagle31-k16', {'draft_top_k': 16}); w('$O/peagle8-k16', {'draft_top_k': 16})" || exit 1
+.venv/bin/python scripts/benchmark.py --target demo --dtype bf16 --heads eagle31=$O/eagle31 --heads eagle31-k16=$O/eagle31-k16 \
+  --heads peagle8=$O/peagle8 --heads peagle8-k16=$O/peagle8-k16 --limit 16 --max-new-tokens 128 --modes sample \
+  --threads 1 --verify-cost '' --prompt-lookup 0 --vs eagle31-k16:eagle31 --vs peagle8-k16:peagle8 \
+  --out results/peagle-depth/bench-topk16
