@@ -30,4 +30,6 @@ case "$1" in
      run peagle8 demo-eagle31 720 heads.options.parallel_draft=8 ;;
   # after A and B: one more depth, trained alone with two threads
   C) OMP_NUM_THREADS=2 run peagle12 demo-eagle31 720 heads.options.parallel_draft=12 ;;
+  # EAGLE-1 for bench_more.sh, alone, two threads
+  D) OMP_NUM_THREADS=2 run eagle1 demo-eagle 720 train.lr=4e-3 ;;
 esac
