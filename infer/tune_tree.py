@@ -37,11 +37,11 @@ from torch import Tensor
 
 import infer
 from heads import registry
-from infer.evaluate import BatchLoader, default_data, evaluate_heads, load_all, summary, table
+from infer.evaluate import BatchLoader, default_data, default_depth, evaluate_heads, load_all, summary, table
 from infer.measure import compare, measure_src, measure_tau, prompts_path
 from infer.profile import measure_draft, measure_profile
 from infer.prompts import load_prompts
-from infer.settings import BUDGET_KEYS, DEFAULTS, heads_defaults, write_settings
+from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
     choose_eagle_budget,
@@ -146,17 +146,12 @@ def tune_medusa(
     return {"paths": paths, "tuning": record}
 
 
-def default_budget(heads) -> dict:
-    """The EAGLE-2 budget these heads draft with when nothing is saved: the library's, under the heads'
-    own defaults (`infer.settings.heads_defaults`: a P-EAGLE head's depth K)."""
-    return DEFAULTS.budget() | heads_defaults(heads.config)
-
-
 def tune_eagle(
     rank_probs: Tensor, profile: dict, draft_s: dict, draft_top_k: int, default: dict | None = None
 ) -> dict:
     """The tuned settings for dynamic-tree heads: EAGLE-2's total_tokens and depth, and the tuning record
-    (``default``: the untuned budget it is compared with, `default_budget`; the library's if None)."""
+    (``default``: the untuned budget it is compared with, the model's ``settings.budget()``; the
+    library's if None)."""
     best = choose_eagle_budget(rank_probs, profile["step_s"], draft_s, draft_top_k)
     d = default or DEFAULTS.budget()
     tau_default = expected_accept_curve(
@@ -241,7 +236,7 @@ def refine_eagle(
                 "draft_top_k": tree["draft_top_k"],
                 "total_tokens": total,
             }
-    default = default_budget(model.heads)
+    default = model.settings.budget()  # the untuned budget: the model is built without saved settings
     if default["total_tokens"] <= len(step_s) and default["depth"] in draft_s:
         cands["default"] = default
     cost, info = {}, {}
@@ -372,7 +367,7 @@ def _tune_static(run: _Run) -> tuple[dict, dict]:
 def _tune_dynamic(run: _Run) -> tuple[dict, dict]:
     """(tuned budget dict, --compare configs) for dynamic-tree (EAGLE-2) heads."""
     opts, model = run.opts, run.model
-    default = default_budget(model.heads)
+    default = model.settings.budget()  # the library's, under the heads' own (a P-EAGLE head's depth K)
     depths = sorted({*opts.depths, default["depth"]})  # the untuned depth is always a candidate
     cfgs = {d: {"depth": d, "draft_top_k": opts.draft_top_k, "total_tokens": 64} for d in depths}
     draft = measure_draft(model, run.prefix, cfgs, opts.repeats)
@@ -392,7 +387,7 @@ def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     """Load the heads and target, get the accuracies and the verification profile."""
     heads, target, tokenizer, directory = load_all(opts.heads, opts.target, opts.dtype)
     static = registry.of(heads).tree == "static"
-    depth = heads.config.num_heads if static else max(*opts.depths, default_budget(heads)["depth"])
+    depth = default_depth(heads) if static else max(*opts.depths, default_depth(heads))
     data = opts.data or default_data(directory)
     if not data:  # the accuracies and the profile's prefix both come from held-out text
         raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")

@@ -278,7 +278,6 @@ def test_heads_draft_all_their_slots_by_default(tmp_path):
     saved ``inference.json`` win; sequential heads keep 6. The tree tuner compares against that default. Greedy output stays the target's at depth 8."""
     from infer.evaluate import default_depth
     from infer.settings import write_settings
-    from infer.tune_tree import default_budget
 
     m = target("llama")
     base = make_head("eagle3", "llama", 3)
@@ -289,7 +288,9 @@ def test_heads_draft_all_their_slots_by_default(tmp_path):
     assert model.proposer().depth == 8 and model.proposer(depth=5).depth == 5
     assert infer.SpecModel(m, Eagle3Head.for_target(m)).proposer().depth == 6
     assert default_depth(head) == 8 and default_depth(Eagle3Head.for_target(m)) == 6
-    assert default_budget(head)["depth"] == 8 and default_budget(Eagle3Head.for_target(m))["depth"] == 6
+    # the tree tuner's untuned budget: a SpecModel built without saved settings
+    assert model.settings.budget()["depth"] == 8
+    assert infer.SpecModel(m, Eagle3Head.for_target(m)).settings.budget()["depth"] == 6
     save_heads(head, str(tmp_path))
     assert infer.load(m, heads=str(tmp_path)).proposer().depth == 8
     write_settings(str(tmp_path), {"total_tokens": 24})  # a saved budget without a depth keeps depth 8
