@@ -26,6 +26,9 @@ from heads.graft import unwrap_peft
 
 TREE_ATTENTION = ("eager", "sdpa")  # attention implementations that apply a 4D additive mask as given
 _LAYER_TYPES = {"full_attention", "sliding_attention", "moe", "mlp"}  # moe/mlp: no attention at all
+# Layers whose state runs through the tokens in order. transformers >= 5.25 marks Mamba / Mamba-2 / GDN
+# layers "linear_attention" (older releases called them "mamba" and set the model's _is_stateful).
+_RECURRENT_LAYER_TYPES = {"linear_attention", "mamba", "hybrid", "hybrid_sliding", "conv"}
 _ALWAYS_ALIBI = {"bloom", "mpt"}  # their transformers code adds ALiBi unconditionally
 
 
@@ -53,12 +56,13 @@ def unsupported_reason(model: nn.Module) -> str | None:
             f"{kind} uses ALiBi position biases computed inside the model from key slots or a 2D padding "
             "mask, not from position_ids; tree verification cannot give each node its true position"
         )
-    if getattr(base, "_is_stateful", False):
+    layer_types = set(getattr(cfg, "layer_types", None) or ())
+    if getattr(base, "_is_stateful", False) or layer_types & _RECURRENT_LAYER_TYPES:
         return (
             f"{kind} has recurrent (state-space / linear-attention) layers whose state runs through the "
             "tokens in order; a tree cannot be verified in one forward nor rejected drafts rolled back"
         )
-    other = sorted(set(getattr(cfg, "layer_types", None) or ()) - _LAYER_TYPES)
+    other = sorted(layer_types - _LAYER_TYPES)
     if getattr(cfg, "attention_chunk_size", None) is not None:
         other = sorted({*other, "chunked_attention"})
     if other:

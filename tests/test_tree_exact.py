@@ -25,6 +25,7 @@ from heads import MedusaHeads
 from infer.draft import MedusaProposer
 from infer.generate import speculative_generate
 from infer.runner import BatchRunner, TreeRunner
+from infer.support import unsupported_reason
 from infer.tree import DraftTree, chain, structure_from_parents
 
 VOCAB = 96
@@ -206,6 +207,15 @@ def test_static_cache_is_written_in_place_and_grows_when_needed():
     runner = TreeRunner(build("llama", "sdpa"), max_len=0)  # 64 slots: the first tree after 60 overflows
     assert worst_error(runner, past=60) < 1e-4
     assert runner.cache.layers[0].max_cache_len > 64
+
+
+def test_recurrent_layer_types_are_refused_as_recurrent():
+    """transformers >= 5.25 marks Mamba-style layers only by layer type ("linear_attention"), without the
+    model's _is_stateful flag: that alone must give the recurrent refusal."""
+    target = build("llama")
+    assert unsupported_reason(target) is None
+    target.config.layer_types = ["full_attention", "linear_attention"]
+    assert "recurrent" in unsupported_reason(target)
 
 
 REFUSED = {
