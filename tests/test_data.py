@@ -299,6 +299,29 @@ def test_directory_of_shards(tmp_path, chatml):
     assert len(train) + len(ev) == 5
 
 
+def test_directory_mixing_text_and_chat_files(tmp_path, chatml):
+    """Each file is tokenized in its own format (text: every token a label; chat: the assistant turns), in
+    file order, extra columns ignored; a sampled eval set over such a directory maps rows back to files."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    write_jsonl(mixed / "a-text.jsonl", [{"text": f"text row {i}", "id": i} for i in range(4)])
+    write_jsonl(mixed / "b-chat.jsonl", [{"messages": CONV}] * 3)
+    write_jsonl(mixed / "c-text.jsonl", [{"text": "last row"}])
+    chat_only = tokenize_dataset(datasets.Dataset.from_list([{"messages": CONV}]), chatml, cfg(mixed), "x")[0]
+    train, _ = build_datasets(cfg(mixed, eval_fraction=0.5, max_eval_examples=1), chatml, seed=0)
+    both = build_datasets(cfg(mixed, max_examples=6, eval_path=str(mixed), eval_split="x"), chatml)[0]
+    rows = [both[i] for i in range(len(both))]
+    assert [chatml.decode(r["input_ids"][1:]) for r in rows[:4]] == [f"text row {i}" for i in range(4)]
+    assert all(all(r["loss_mask"]) for r in rows[:4])
+    assert [r["input_ids"] for r in rows[4:]] == [chat_only["input_ids"]] * 2
+    assert [r["loss_mask"] for r in rows[4:]] == [chat_only["loss_mask"]] * 2 and not all(rows[4]["loss_mask"])
+    assert len(train) == 7
+    write_jsonl(mixed / "b-chat.jsonl", [{"messages": CONV}] * 2 + [{"messages": CONV[:2]}])
+    with pytest.raises(DataError, match=r"mixed/b-chat\.jsonl row 2: conversation has no assistant turn"):
+        train_file = write_jsonl(tmp_path / "t.jsonl", [{"text": "a train row"}] * 2)
+        build_datasets(cfg(train_file, eval_path=str(mixed), max_eval_examples=7), chatml)
+
+
 # ----------------------------------------------------------------------------- truncation and dropping
 
 

@@ -30,14 +30,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 import torch
 
 # What other modules import from here: the row loaders and the chat rendering live in their own modules.
 from train.chat import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
-from train.sources import JSON_SUFFIXES, PARQUET_SUFFIXES, DataError, _head, _load, _sample, _Source
+from train.sources import (
+    JSON_SUFFIXES,
+    PARQUET_SUFFIXES,
+    DataError,
+    _head,
+    _load,
+    _load_parts,
+    _one_line,
+    _sample,
+    _sample_rows,
+    _Source,
+)
 
 __all__ = [
     "FORMATS", "FORMAT_COLUMNS", "JSON_SUFFIXES", "PARQUET_SUFFIXES", "ROLES", "DataConfig", "DataError",
@@ -61,7 +72,8 @@ class DataConfig:
     """Where the training data comes from and how it is cut.
 
     path: a Hub dataset id, a local .json/.jsonl/.parquet file, or a directory of them (read in sorted
-        order). "demo" is resolved by the training script before it gets here.
+        order; each file in its own format, so text and chat files can share a directory). "demo" is
+        resolved by the training script before it gets here.
     eval_path: an optional separate held-out set (same kinds as ``path``); otherwise ``eval_fraction``
         of ``path`` is held out.
     split / eval_split: split names for Hub datasets (``eval_split`` defaults to ``split``).
@@ -197,45 +209,139 @@ def _tokenize_row(
     return {"input_ids": ids, "loss_mask": mask, "_keep": len(ids) >= 2 and any(mask[1:])}
 
 
-def _tokenize(ds: datasets.Dataset, tokenizer, cfg: DataConfig, source: _Source) -> datasets.Dataset:
-    if len(ds) == 0:
-        raise DataError(f"{source.label}: dataset is empty")
-    fmt, column = detect_format(ds.column_names, cfg.format, source.label)
-    logger.info("%s: %d rows in %s format (column %r)", source.label, len(ds), fmt, column)
-    if fmt != "text":
-        if not getattr(tokenizer, "chat_template", None):
-            raise DataError(
-                f"{source.label}: {fmt} data needs a chat template, but the tokenizer has none "
-                "(set tokenizer.chat_template, or use text data)"
+def _check_tokenizer(tokenizer, fmt: str, label: str) -> None:
+    if fmt == "text":
+        return
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"{label}: {fmt} data needs a chat template, but the tokenizer has none "
+            "(set tokenizer.chat_template, or use text data)"
+        )
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"{label}: chat data needs a fast tokenizer (for offset mappings)")
+
+
+class _File(NamedTuple):
+    """One file's rows (only its format's column), as `_runs` groups them."""
+
+    rows: datasets.Dataset
+    label: str
+    size: int  # rows of the file (after max_examples), before sampling
+    picked: tuple[int, ...] | None  # the sampled rows, or None for all
+    fmt: str
+    column: str
+
+
+@dataclass
+class _Run:
+    """Consecutive files (or one Hub split) that share a format: their rows (only the format's column),
+    where each row came from, and the format."""
+
+    rows: datasets.Dataset
+    source: _Source
+    fmt: str
+    column: str
+
+
+def _runs(
+    path: str,
+    split: str,
+    cfg: DataConfig,
+    *,
+    first: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+) -> tuple[str, list[_Run]]:
+    """``(label, runs)``: the rows of ``path`` to tokenize, in file order, as runs of consecutive files of
+    one format.
+
+    Each file's format is found on its own (``cfg.format``, or its columns for "auto") and only that
+    column is kept, so one directory can hold text and chat files side by side, each tokenized the way it
+    is served, and extra columns (an ``id``) need not agree. ``first``: only the first ``first`` rows of
+    all files together (``max_examples``). ``sample``: a seeded random ``sample`` rows drawn over all files
+    together (the rows `train.sources._sample` would draw from their concatenation).
+    """
+    label, parts = _load_parts(path, split)
+    sizes = [len(d) for d, _ in parts]
+    total, offsets = sum(sizes), [sum(sizes[:i]) for i in range(len(sizes))]
+    files: list[_File] = []
+    for (ds, lab), n, off in zip(parts, sizes, offsets, strict=True):
+        picked = None  # rows 0..n-1
+        if sample is not None and total > sample:
+            picked = tuple(r - off for r in _sample_rows(total, sample, seed) if off <= r < off + n)
+        elif first is not None and off + n > first:
+            ds, n = ds.select(range(max(0, first - off))), max(0, first - off)
+        if n == 0 or picked == ():
+            continue
+        fmt, col = detect_format(ds.column_names, cfg.format, lab)
+        files.append(_File(ds.select_columns([col]), lab, n, picked, fmt, col))
+    groups: list[list[_File]] = []
+    for f in files:
+        if groups and (groups[-1][0].fmt, groups[-1][0].column) == (f.fmt, f.column):
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    runs = []
+    for g in groups:
+        if len(groups) == 1:
+            run_label = label
+        else:
+            run_label = (
+                g[0].label if len(g) == 1 else f"{g[0].label} and {len(g) - 1} more {g[0].fmt} file(s)"
             )
-        if not getattr(tokenizer, "is_fast", False):
-            raise DataError(f"{source.label}: chat data needs a fast tokenizer (for offset mappings)")
-    out = ds.map(
-        _tokenize_row,
-        with_indices=True,
-        input_columns=[column],
-        fn_kwargs=dict(
-            tokenizer=tokenizer,
-            fmt=fmt,
-            max_length=cfg.max_length,
-            source=source,
-            end_ids=end_ids(tokenizer),
-        ),
-        remove_columns=ds.column_names,
-        num_proc=min(cfg.num_proc, len(ds)) if cfg.num_proc > 1 else None,
-        desc=f"tokenizing {source.label}",
-    )
+        try:
+            ds = datasets.concatenate_datasets([f.rows for f in g]) if len(g) > 1 else g[0].rows
+        except Exception as e:
+            raise DataError(f"{run_label}: {g[0].fmt} files do not share one schema ({_one_line(e)})") from e
+        rows = None
+        if any(f.picked is not None for f in g):  # sampled: map each kept row back to its file's row
+            offs = [sum(f.size for f in g[:i]) for i in range(len(g))]
+            rows = tuple(o + r for o, f in zip(offs, g, strict=True) for r in f.picked)
+            ds = ds.select(rows)
+        runs.append(
+            _Run(ds, _Source(run_label, tuple((f.label, f.size) for f in g), rows), g[0].fmt, g[0].column)
+        )
+    return label, runs
+
+
+def _tokenize_runs(runs: list[_Run], tokenizer, cfg: DataConfig, label: str) -> datasets.Dataset:
+    """Tokenize every run in its own format and concatenate them, dropping unusable examples (with a
+    warning); DataError if none is usable."""
+    outs = []
+    for run in runs:
+        _check_tokenizer(tokenizer, run.fmt, run.source.label)
+        logger.info(
+            "%s: %d rows in %s format (column %r)", run.source.label, len(run.rows), run.fmt, run.column
+        )
+        outs.append(
+            run.rows.map(
+                _tokenize_row,
+                with_indices=True,
+                input_columns=[run.column],
+                fn_kwargs=dict(
+                    tokenizer=tokenizer,
+                    fmt=run.fmt,
+                    max_length=cfg.max_length,
+                    source=run.source,
+                    end_ids=end_ids(tokenizer),
+                ),
+                remove_columns=run.rows.column_names,
+                num_proc=min(cfg.num_proc, len(run.rows)) if cfg.num_proc > 1 else None,
+                desc=f"tokenizing {run.source.label}",
+            )
+        )
+    out = datasets.concatenate_datasets(outs) if len(outs) > 1 else outs[0]
     keep = out["_keep"]
     kept = [i for i, k in enumerate(keep) if k]
     if not kept:
         raise DataError(
-            f"{source.label}: no usable examples: all {len(keep)} have fewer than 2 tokens or no loss tokens "
+            f"{label}: no usable examples: all {len(keep)} have fewer than 2 tokens or no loss tokens "
             f"within max_length={cfg.max_length}"
         )
     if len(kept) < len(keep):
         logger.warning(
             "%s: dropped %d of %d examples with fewer than 2 tokens or no loss tokens within max_length=%d",
-            source.label,
+            label,
             len(keep) - len(kept),
             len(keep),
             cfg.max_length,
@@ -254,26 +360,33 @@ def tokenize_dataset(ds: datasets.Dataset, tokenizer, cfg: DataConfig, source: s
     truncation are dropped with a warning; DataError if nothing is left. ``source`` names the data in
     errors (``f"{source} row {i}"``, i indexing ``ds``).
     """
-    return _tokenize(ds, tokenizer, cfg, _Source(source, ((source, len(ds)),)))
+    if len(ds) == 0:
+        raise DataError(f"{source}: dataset is empty")
+    fmt, column = detect_format(ds.column_names, cfg.format, source)
+    return _tokenize_runs(
+        [_Run(ds, _Source(source, ((source, len(ds)),)), fmt, column)], tokenizer, cfg, source
+    )
 
 
 def build_datasets(cfg: DataConfig, tokenizer, seed: int = 0) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Tokenized ``(train, eval)`` datasets with columns ``input_ids`` and ``loss_mask``.
 
     Every row (of the first ``max_examples`` of ``cfg.path``, and of the eval set) is validated and
-    tokenized before this returns, so bad data fails here rather than mid-training. Without
-    ``eval_path`` the eval set is a seeded split of the tokenized examples: ``round(n * eval_fraction)``
-    clamped to [1, max_eval_examples]. Rows are in file order; shuffle in the DataLoader.
+    tokenized before this returns, so bad data fails here rather than mid-training. Each file is read
+    in its own format (`_runs`): a directory may mix text and chat files. Without ``eval_path`` the eval
+    set is a seeded split of the tokenized examples: ``round(n * eval_fraction)`` clamped to
+    [1, max_eval_examples]. Rows are in file order; shuffle in the DataLoader.
     """
-    ds, src = _load(cfg.path, cfg.split)
-    train = _tokenize(_head(ds, cfg.max_examples), tokenizer, cfg, src)
+    label, runs = _runs(cfg.path, cfg.split, cfg, first=cfg.max_examples)
+    train = _tokenize_runs(runs, tokenizer, cfg, label)
     if cfg.eval_path is None:
-        train, ev = _split(train, cfg, seed, src.label)
+        train, ev = _split(train, cfg, seed, label)
     else:
-        ev_raw, esrc = _load(cfg.eval_path, cfg.eval_split or cfg.split)
-        ev_raw, esrc = _sample(ev_raw, esrc, cfg.max_eval_examples, seed)
-        ev = _tokenize(ev_raw, tokenizer, cfg, esrc)
-    logger.info("data: %d train and %d eval examples from %s", len(train), len(ev), src.label)
+        elabel, eruns = _runs(
+            cfg.eval_path, cfg.eval_split or cfg.split, cfg, sample=cfg.max_eval_examples, seed=seed
+        )
+        ev = _tokenize_runs(eruns, tokenizer, cfg, elabel)
+    logger.info("data: %d train and %d eval examples from %s", len(train), len(ev), label)
     return train, ev
 
 
@@ -317,8 +430,8 @@ def eval_batches(data: str, tokenizer, max_examples: int, max_length: int, batch
     or Hub id, in any training format): the held-out data `infer.evaluate` and `infer.tune_tree` score the
     heads on (the scripts pass this loader in, so `infer` never imports `train`)."""
     cfg = DataConfig(path=data, max_length=max_length)
-    ds, _ = _load(data, "train")
-    ds = tokenize_dataset(_head(ds, max_examples), tokenizer, cfg, data)
+    label, runs = _runs(data, "train", cfg, first=max_examples)
+    ds = _tokenize_runs(runs, tokenizer, cfg, label)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     rows = [ds[i] for i in range(len(ds))]
     return [collate(rows[i : i + batch_size], pad_token_id=pad) for i in range(0, len(rows), batch_size)]

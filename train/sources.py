@@ -137,8 +137,10 @@ def _load_file(file: str, label: str) -> datasets.Dataset:
         raise DataError(problem or f"{label}: could not load ({_one_line(e)})") from e
 
 
-def _load(path: str, split: str) -> tuple[datasets.Dataset, _Source]:
-    """Load every row of ``path`` (Hub id, file or directory) and where each row came from."""
+def _load_parts(path: str, split: str) -> tuple[str, list[tuple[datasets.Dataset, str]]]:
+    """``(label, [(rows, file label), ...])`` for ``path`` (Hub id, file or directory), one entry per file in
+    sorted order (one for a Hub dataset). The files are not concatenated here: a directory may mix text and
+    chat files, which only agree once tokenized."""
     files = _local_files(path, path)
     if files is None:
         label = f"{path} (split {split})"
@@ -146,18 +148,27 @@ def _load(path: str, split: str) -> tuple[datasets.Dataset, _Source]:
             ds = datasets.load_dataset(path, split=split)
         except Exception as e:
             raise DataError(f"{label}: could not load Hub dataset ({_one_line(e)})") from e
-        parts = ((label, len(ds)),)
+        parts = [(ds, label)]
     else:
         label = path
-        loaded = [(_load_file(f, lab), lab) for f, lab in files]
-        parts = tuple((lab, len(d)) for d, lab in loaded)
-        try:
-            ds = datasets.concatenate_datasets([d for d, _ in loaded]) if len(loaded) > 1 else loaded[0][0]
-        except Exception as e:
-            raise DataError(f"{label}: files do not share one schema ({_one_line(e)})") from e
-    if len(ds) == 0:
+        parts = [(_load_file(f, lab), lab) for f, lab in files]
+    if sum(len(d) for d, _ in parts) == 0:
         raise DataError(f"{label}: dataset is empty")
-    return ds, _Source(label, parts)
+    return label, parts
+
+
+def _load(path: str, split: str) -> tuple[datasets.Dataset, _Source]:
+    """Every row of ``path`` as one raw dataset, and where each row came from (for inspection; training
+    tokenizes each file in its own format, `train.data.build_datasets`)."""
+    label, loaded = _load_parts(path, split)
+    try:
+        ds = datasets.concatenate_datasets([d for d, _ in loaded]) if len(loaded) > 1 else loaded[0][0]
+    except Exception as e:
+        raise DataError(
+            f"{label}: files do not share one schema, so their raw rows cannot be shown as one table "
+            f"({_one_line(e)}); training still reads each file in its own format"
+        ) from e
+    return ds, _Source(label, tuple((lab, len(d)) for d, lab in loaded))
 
 
 def _head(ds: datasets.Dataset, n: int | None) -> datasets.Dataset:
@@ -169,5 +180,10 @@ def _sample(ds: datasets.Dataset, src: _Source, n: int, seed: int) -> tuple[data
     """A seeded random subset of ``n`` rows, kept in file order, with its row map."""
     if len(ds) <= n:
         return ds, src
-    rows = tuple(sorted(random.Random(seed).sample(range(len(ds)), n)))
+    rows = _sample_rows(len(ds), n, seed)
     return ds.select(rows), _Source(src.label, src.parts, rows)
+
+
+def _sample_rows(total: int, n: int, seed: int) -> tuple[int, ...]:
+    """A seeded random choice of ``n`` of ``range(total)``, sorted (so the rows stay in file order)."""
+    return tuple(sorted(random.Random(seed).sample(range(total), n)))
