@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 16: Medusa, EAGLE-1 and EAGLE-3.1 trained on ONE set that holds both formats the benchmark serves:
+# the 4000 greedy text rows and the 3000 greedy chat answers of ../better-target-1440/ in one directory
+# (train.data reads each file in its own format), 1440 steps x 8 sequences (up to 320 tokens) each, seed 0,
+# on the better-trained target of ../better-target/, frozen in the demo's "fast" dtype. From a selfspec checkout:
+#   PYTHONPATH=$PWD .venv/bin/python results/better-target/build_target.py out/bt/target
+#   THREADS=2 bash results/better-target-1440/stream.sh R; THREADS=2 bash results/better-target-1440/stream.sh C
+#   bash results/mixed-1440/stream.sh X                                                   # the mixed directories
+#   bash results/mixed-1440/stream.sh A & bash results/mixed-1440/stream.sh B; wait       # one thread each
+#   bash results/mixed-1440/stream.sh M
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
+T=out/bt/target X=out/bt/mixed O=out/mix1440
+common="target.name_or_path=$T target.dtype=fast data.path=$X/train data.eval_path=$X/eval data.max_length=320 train.save_every=0 train.eval_every=720 eval.measured_tau_prompts=8 eval.measured_tau_new_tokens=128 eval.measured_tau_prompts_file=demo eval.measured_tau_prompts_skip=100 overwrite=true"
+mkdir -p $O/logs
+run() {  # name config steps overrides...
+  local name=$1 cfg=$2 steps=$3; shift 3
+  echo "=== $name start $(date -u +%T)"
+  .venv/bin/python train/train_heads.py --config configs/$cfg.yaml $common train.max_steps=$steps \
+    output_dir=$O/$name "$@" > $O/logs/$name.log 2>&1
+  echo "=== $name rc=$? end $(date -u +%T)"
+}
+case "$1" in
+  X) for s in train eval; do
+       mkdir -p $X/$s && cp out/bt/regen-4k/$s.jsonl $X/$s/text.jsonl && cp out/bt/regen-chat/$s.jsonl $X/$s/chat.jsonl || exit 1
+     done
+     wc -l $X/*/*.jsonl ;;
+  A) run eagle31 demo-eagle31 1440 ;;
+  B) run eagle1 demo-eagle 1440 train.lr=4e-3 ;;
+  M) run medusa demo-medusa-regen 1440 ;;
+esac
