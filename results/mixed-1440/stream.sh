@@ -8,6 +8,7 @@
 #   bash results/mixed-1440/stream.sh X                                                   # the mixed directories
 #   bash results/mixed-1440/stream.sh A & bash results/mixed-1440/stream.sh B; wait       # one thread each
 #   bash results/mixed-1440/stream.sh M
+#   bash results/mixed-1440/stream.sh E & bash results/mixed-1440/stream.sh P; wait       # added 2026-12-04
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -28,4 +29,6 @@ case "$1" in
   A) run eagle31 demo-eagle31 1440 ;;
   B) run eagle1 demo-eagle 1440 train.lr=4e-3 ;;
   M) run medusa demo-medusa-regen 1440 ;;
+  E) run eagle3 demo-eagle3 1440 heads.options.lm_head_init=target ;;  # plain EAGLE-3: EAGLE-3.1 less its two options
+  P) run peagle demo-peagle 1440 ;;                                     # P-EAGLE: EAGLE-3.1 drafting 8 depths in one forward
 esac
