@@ -10,6 +10,8 @@
 #   bash results/mixed-1440/stream.sh M
 #   bash results/mixed-1440/stream.sh E & bash results/mixed-1440/stream.sh P; wait       # added 2026-12-04
 #   bash results/mixed-1440/stream.sh T                                                   # beside ceiling5.sh
+#   bash results/mixed-1440/stream.sh B & bash results/mixed-1440/stream.sh H; wait       # added 2026-12-04 (2nd)
+#   bash results/mixed-1440/stream.sh e & bash results/mixed-1440/stream.sh h; wait       # (3rd), 720 steps
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -32,5 +34,8 @@ case "$1" in
   M) run medusa demo-medusa-regen 1440 ;;
   E) run eagle3 demo-eagle3 1440 heads.options.lm_head_init=target ;;  # plain EAGLE-3: EAGLE-3.1 less its two options
   P) run peagle demo-peagle 1440 ;;                                     # P-EAGLE: EAGLE-3.1 drafting 8 depths in one forward
+  H) run eagle3-aux-hi demo-eagle3 1440 heads.options.lm_head_init=target 'heads.options.aux_layer_ids=[4,8,11]' ;;  # plain EAGLE-3, higher aux layers
+  e) run eagle3-720 demo-eagle3 720 heads.options.lm_head_init=target ;;
+  h) run eagle3-aux-hi-720 demo-eagle3 720 heads.options.lm_head_init=target 'heads.options.aux_layer_ids=[4,8,11]' ;;
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
