@@ -12,6 +12,9 @@
 #   bash results/mixed-1440/stream.sh T                                                   # beside ceiling5.sh
 #   bash results/mixed-1440/stream.sh B & bash results/mixed-1440/stream.sh H; wait       # added 2026-12-04 (2nd)
 #   bash results/mixed-1440/stream.sh e & bash results/mixed-1440/stream.sh h; wait       # (3rd), 720 steps
+#   bash results/mixed-1440/stream.sh A & bash results/mixed-1440/stream.sh B; wait       # (4th), then seed 1:
+#   bash results/mixed-1440/stream.sh a & bash results/mixed-1440/stream.sh b; wait       # beside ceiling9.sh
+#   bash results/mixed-1440/stream.sh E & bash results/mixed-1440/stream.sh c; wait
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -37,5 +40,8 @@ case "$1" in
   H) run eagle3-aux-hi demo-eagle3 1440 heads.options.lm_head_init=target 'heads.options.aux_layer_ids=[4,8,11]' ;;  # plain EAGLE-3, higher aux layers
   e) run eagle3-720 demo-eagle3 720 heads.options.lm_head_init=target ;;
   h) run eagle3-aux-hi-720 demo-eagle3 720 heads.options.lm_head_init=target 'heads.options.aux_layer_ids=[4,8,11]' ;;
+  a) run eagle31-s1 demo-eagle31 1440 train.seed=1 ;;                  # A and B with another init and data order
+  b) run eagle1-s1 demo-eagle 1440 train.lr=4e-3 train.seed=1 ;;
+  c) run eagle3-s1 demo-eagle3 1440 heads.options.lm_head_init=target train.seed=1 ;;
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
