@@ -505,3 +505,19 @@ def test_enum_member_by_name_loads_and_other_getattr_is_refused(tmp_path):
     torch.save({"x": ByName(LossScaler, "__init__")}, bad)  # a step towards __globals__: refused
     with pytest.raises(ValueError, match="refusing to load"):
         safe_torch_load(str(bad))
+
+
+def test_training_silences_torchs_no_cuda_runtime_warning(tmp_path):
+    """A CUDA build of torch on a machine with a CUDA toolkit and no GPU warns "No CUDA runtime is found"
+    whenever DeepSpeed asks for CUDA_HOME; in the training processes that line would precede (and break)
+    a one-line error. CUDA_HOME points at an existing folder so torch takes that branch on any machine."""
+    code = (
+        "import torch, train.train_heads, torch.utils.cpp_extension as c\n"
+        "assert not torch.cuda.is_available()\n"
+        "c._find_cuda_home()\n"
+    )
+    env = dict(_env(), CUDA_HOME=str(tmp_path), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "No CUDA runtime" not in proc.stderr, proc.stderr[-2000:]

@@ -44,6 +44,7 @@ Output layout (``output_dir``):
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -65,6 +66,10 @@ from train.prepare import install_vocab_map, setup
 from train.publish import BEST, HUB_STAGING, push_checkpoint_heads, push_heads, save_final, save_heads_copy
 from train.run import INPUT_ERRORS, METRICS_FILE, Run, log, main_process_first, make_accelerator
 from train.state import load_checkpoint, maybe_resume, save_checkpoint
+
+# With a CUDA build of torch and a CUDA toolkit but no GPU, torch warns "No CUDA runtime is found" each
+# time DeepSpeed looks up its compiler: noise on a CPU run that breaks the one-line error promise.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 # The names other code (tests, scripts, train/launch.py) imports from here; the parts live in the modules above.
 __all__ = [
