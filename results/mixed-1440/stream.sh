@@ -15,6 +15,8 @@
 #   bash results/mixed-1440/stream.sh A & bash results/mixed-1440/stream.sh B; wait       # (4th), then seed 1:
 #   bash results/mixed-1440/stream.sh a & bash results/mixed-1440/stream.sh b; wait       # beside ceiling9.sh
 #   bash results/mixed-1440/stream.sh E & bash results/mixed-1440/stream.sh c; wait
+#   bash results/mixed-1440/stream.sh L & bash results/mixed-1440/stream.sh K; wait       # added 2026-12-05: twice the
+#   bash results/mixed-1440/stream.sh l & bash results/mixed-1440/stream.sh k; wait       # budget, beside ceiling10.sh
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -43,5 +45,9 @@ case "$1" in
   a) run eagle31-s1 demo-eagle31 1440 train.seed=1 ;;                  # A and B with another init and data order
   b) run eagle1-s1 demo-eagle 1440 train.lr=4e-3 train.seed=1 ;;
   c) run eagle3-s1 demo-eagle3 1440 heads.options.lm_head_init=target train.seed=1 ;;
+  L) run eagle1-2880 demo-eagle 2880 train.lr=4e-3 train.eval_every=2880 ;;   # B and E at twice the steps (3.3 epochs),
+  K) run eagle3-2880 demo-eagle3 2880 heads.options.lm_head_init=target train.eval_every=2880 ;;  # scored once, at the end
+  l) run eagle1-2880-s1 demo-eagle 2880 train.lr=4e-3 train.eval_every=2880 train.seed=1 ;;
+  k) run eagle3-2880-s1 demo-eagle3 2880 heads.options.lm_head_init=target train.eval_every=2880 train.seed=1 ;;
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
