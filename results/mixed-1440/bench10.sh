@@ -2,7 +2,8 @@
 # Issue 16, added 2026-12-05: the four 2880-step heads of ceiling10.sh (EAGLE-1 and plain EAGLE-3, seeds 0 and 1)
 # in whole generations with infer.generate, on bench.sh's 64 code + 60 chat held-out prompts, 128 new tokens,
 # bf16, each head's default tree: greedy and T = 0.7 (sampling seed 0) as two processes side by side, one
-# thread each (methods interleave per prompt inside each process, so the paired ratios compare like with like).
+# thread each (methods interleave per prompt inside each process, so the paired ratios compare like with like);
+# `bench10.sh sample` then runs sampling seeds 1 and 2 side by side and pools seeds 0-2 into bench10-pooled.md.
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 O=out/mix1440 P=out/bt/prompts R=results/mixed-1440
@@ -12,6 +13,14 @@ common=(--target out/bt/target --dtype bf16 --prompts code=$P/code-16-79.jsonl c
   --heads eagle3-2880=$O/eagle3-2880 --heads eagle3-2880-s1=$O/eagle3-2880-s1
   --limit 64 --max-new-tokens 128 --threads 1 --verify-cost "" --prompt-lookup 0
   --vs eagle3-2880:eagle1-2880 --vs eagle3-2880-s1:eagle1-2880-s1)
+if [ "$1" = sample ]; then
+  for s in 1 2; do .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed $s --out $R/bench10-s$s & done
+  wait
+  for pair in eagle3-2880:eagle1-2880 eagle3-2880-s1:eagle1-2880-s1; do
+    .venv/bin/python results/eagle3-ablation/pool_seeds.py ${pair%:*} ${pair#*:} $R/bench10-s0 $R/bench10-s1 $R/bench10-s2 || exit 1
+  done > $R/bench10-pooled.md
+  exit
+fi
 .venv/bin/python scripts/benchmark.py "${common[@]}" --modes greedy --out $R/bench10-greedy &
 .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed 0 --out $R/bench10-s0 &
 wait
