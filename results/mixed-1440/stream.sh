@@ -17,6 +17,8 @@
 #   bash results/mixed-1440/stream.sh E & bash results/mixed-1440/stream.sh c; wait
 #   bash results/mixed-1440/stream.sh L & bash results/mixed-1440/stream.sh K; wait       # added 2026-12-05: twice the
 #   bash results/mixed-1440/stream.sh l & bash results/mixed-1440/stream.sh k; wait       # budget, beside ceiling10.sh
+#   bash results/mixed-1440/stream.sh J & bash results/mixed-1440/stream.sh j; wait       # added 2026-12-05 (2nd), same
+#   bash results/mixed-1440/stream.sh N & bash results/mixed-1440/ceiling11.sh G; ...     # build, beside ceiling11.sh
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -49,5 +51,8 @@ case "$1" in
   K) run eagle3-2880 demo-eagle3 2880 heads.options.lm_head_init=target train.eval_every=2880 ;;  # scored once, at the end
   l) run eagle1-2880-s1 demo-eagle 2880 train.lr=4e-3 train.eval_every=2880 train.seed=1 ;;
   k) run eagle3-2880-s1 demo-eagle3 2880 heads.options.lm_head_init=target train.eval_every=2880 train.seed=1 ;;
+  J) run eagle31-2880 demo-eagle31 2880 train.eval_every=2880 ;;       # A at twice the steps, seeds 0 and 1,
+  j) run eagle31-2880-s1 demo-eagle31 2880 train.eval_every=2880 train.seed=1 ;;  # on the build of L, K, l, k
+  N) run medusa-2880 demo-medusa-regen 2880 train.eval_every=2880 ;;    # M at twice the steps
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
