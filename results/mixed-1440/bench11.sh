@@ -4,7 +4,8 @@
 # bench.sh's 64 code + 60 chat held-out prompts, 128 new tokens, bf16, each head's default tree: greedy and
 # T = 0.7 (sampling seed 0) as two processes side by side, one thread each (methods interleave per prompt
 # inside each process, so the paired ratios compare like with like). `bench11.sh sample` then runs sampling
-# seeds 1 and 2 side by side and pools seeds 0-2 into bench11-pooled.md.
+# seeds 1 and 2 side by side and pools seeds 0-2 into bench11-pooled.md; `bench11.sh sample2` adds seeds 3 and 4
+# and pools seeds 0-4 into bench11-pooled-0-4.md.
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 O=out/mix1440 P=out/bt/prompts R=results/mixed-1440
@@ -15,12 +16,14 @@ common=(--target out/bt/target --dtype bf16 --prompts code=$P/code-16-79.jsonl c
   --heads eagle3-2880=$O/eagle3-2880 --heads eagle31-2880=$O/eagle31-2880
   --limit 64 --max-new-tokens 128 --threads 1 --verify-cost "" --prompt-lookup 0)
 for p in $pairs; do common+=(--vs $p); done
-if [ "$1" = sample ]; then
-  for s in 1 2; do .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed $s --out $R/bench11-s$s & done
+if [ "$1" = sample ] || [ "$1" = sample2 ]; then  # sample: seeds 1, 2 (pooled 0-2); sample2: seeds 3, 4 (pooled 0-4)
+  seeds=$([ "$1" = sample ] && echo "1 2" || echo "3 4") last=$([ "$1" = sample ] && echo 2 || echo 4)
+  for s in $seeds; do .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed $s --out $R/bench11-s$s & done
   wait
+  dirs=$(for s in $(seq 0 $last); do echo $R/bench11-s$s; done)
   for p in $pairs; do
-    .venv/bin/python results/eagle3-ablation/pool_seeds.py ${p%:*} ${p#*:} $R/bench11-s0 $R/bench11-s1 $R/bench11-s2 || exit 1
-  done > $R/bench11-pooled.md
+    .venv/bin/python results/eagle3-ablation/pool_seeds.py ${p%:*} ${p#*:} $dirs || exit 1
+  done > $R/bench11-pooled$([ "$1" = sample2 ] && echo -0-4).md
   exit
 fi
 .venv/bin/python scripts/benchmark.py "${common[@]}" --modes greedy --out $R/bench11-greedy &
