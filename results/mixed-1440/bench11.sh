@@ -16,14 +16,18 @@ common=(--target out/bt/target --dtype bf16 --prompts code=$P/code-16-79.jsonl c
   --heads eagle3-2880=$O/eagle3-2880 --heads eagle31-2880=$O/eagle31-2880
   --limit 64 --max-new-tokens 128 --threads 1 --verify-cost "" --prompt-lookup 0)
 for p in $pairs; do common+=(--vs $p); done
-if [ "$1" = sample ] || [ "$1" = sample2 ]; then  # sample: seeds 1, 2 (pooled 0-2); sample2: seeds 3, 4 (pooled 0-4)
-  seeds=$([ "$1" = sample ] && echo "1 2" || echo "3 4") last=$([ "$1" = sample ] && echo 2 || echo 4)
-  for s in $seeds; do .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed $s --out $R/bench11-s$s & done
+new=
+case "$1" in  # sample: seeds 1, 2, pooled with 0; sample2: seeds 3, 4, pooled with 0-2
+  sample) new="1 2" last=2 pooled=$R/bench11-pooled.md ;;
+  sample2) new="3 4" last=4 pooled=$R/bench11-pooled-0-4.md ;;
+esac
+if [ -n "$new" ]; then
+  for s in $new; do .venv/bin/python scripts/benchmark.py "${common[@]}" --modes sample --seed $s --out $R/bench11-s$s & done
   wait
   dirs=$(for s in $(seq 0 $last); do echo $R/bench11-s$s; done)
   for p in $pairs; do
     .venv/bin/python results/eagle3-ablation/pool_seeds.py ${p%:*} ${p#*:} $dirs || exit 1
-  done > $R/bench11-pooled$([ "$1" = sample2 ] && echo -0-4).md
+  done > $pooled
   exit
 fi
 .venv/bin/python scripts/benchmark.py "${common[@]}" --modes greedy --out $R/bench11-greedy &

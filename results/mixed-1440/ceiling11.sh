@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 16, 2026-12-05 (2nd): EAGLE-3.1 (the recipe's EAGLE-3 head) and Medusa at the 2880-step budget of
-# ceiling10.sh (stream.sh J, j: seeds 0 and 1; N: Medusa, seed 0 only), on the SAME build as ceiling10.sh's EAGLE-1 and plain
-# EAGLE-3 heads, so all six EAGLE heads are scored here on identical contexts (scripts/tree_ceiling.py; each
-# head's default tree: depth 6, 47 drafts). Medusa's default tree is another size (the best tree needs one
-# size), so M scores the Medusa head in a run of their own on the same prompts and continuations.
+# Issue 16, 2026-12-05 (2nd): EAGLE-3.1 (configs/demo-eagle31.yaml) and Medusa at the 2880-step budget of
+# ceiling10.sh (stream.sh J, j: EAGLE-3.1 seeds 0 and 1; N: Medusa, seed 0 only), on the SAME build as
+# ceiling10.sh's EAGLE-1 and plain EAGLE-3 heads, so the six EAGLE heads are scored here on identical contexts
+# (scripts/tree_ceiling.py; each head's default tree: depth 6, 47 drafts). Medusa's default tree is another
+# size (the best tree needs one size), so M scores it in a run of its own on the same prompts and continuations.
 # T: T = 0.7, G: greedy (code and chat side by side, one thread each); M: Medusa, greedy then T = 0.7.
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE

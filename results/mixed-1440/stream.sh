@@ -18,7 +18,8 @@
 #   bash results/mixed-1440/stream.sh L & bash results/mixed-1440/stream.sh K; wait       # added 2026-12-05: twice the
 #   bash results/mixed-1440/stream.sh l & bash results/mixed-1440/stream.sh k; wait       # budget, beside ceiling10.sh
 #   bash results/mixed-1440/stream.sh J & bash results/mixed-1440/stream.sh j; wait       # added 2026-12-05 (2nd), same
-#   bash results/mixed-1440/stream.sh N & bash results/mixed-1440/ceiling11.sh G; ...     # build, beside ceiling11.sh
+#   bash results/mixed-1440/stream.sh N &                                                 # build; ceiling11.sh G, T
+#   bash results/mixed-1440/ceiling11.sh G; bash results/mixed-1440/ceiling11.sh T; wait  # run beside N
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
