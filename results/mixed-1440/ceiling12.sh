@@ -3,7 +3,8 @@
 # and plain EAGLE-3 at 5760 steps (stream.sh D, Q: seed 0, four times ceiling9.sh's 1440 steps, 6.6 epochs),
 # on the SAME build as ceiling10.sh's 2880-step heads, scored together with the 2880-step seed-0 heads on
 # identical contexts (scripts/tree_ceiling.py; each head's default tree: depth 6, 47 drafts).
-# T: T = 0.7, G: greedy (code and chat side by side, one thread each).
+# T: T = 0.7, G: greedy (code and chat side by side, one thread each); D: greedy with a depth-10, 60-token
+# tree (bench_720_deep.sh's), since both 5760-step heads sit near the depth-6 cap on greedy code.
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 O=out/mix1440 P=out/bt/prompts R=results/mixed-1440
@@ -18,5 +19,9 @@ case "$1" in
      .venv/bin/python scripts/tree_ceiling.py "${common[@]}" --modes $mode --prompts code=$P/code-16-79.jsonl --out $R/ceiling12-$tag-code &
      .venv/bin/python scripts/tree_ceiling.py "${common[@]}" --modes $mode --prompts chat=$P/chat-140-199.jsonl --out $R/ceiling12-$tag-chat &
      wait ;;
-  *) echo "usage: ceiling12.sh T|G" >&2; exit 2 ;;
+  D) deep=(--modes greedy --depth 10 --total-tokens 60)
+     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "${deep[@]}" --prompts code=$P/code-16-79.jsonl --out $R/ceiling12-deep-code &
+     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "${deep[@]}" --prompts chat=$P/chat-140-199.jsonl --out $R/ceiling12-deep-chat &
+     wait ;;
+  *) echo "usage: ceiling12.sh T|G|D" >&2; exit 2 ;;
 esac
