@@ -14,14 +14,15 @@ common=(--target out/bt/target --dtype bf16 --limit 64 --max-new-tokens 128 --st
   --vs eagle3-5760:eagle1-5760 --vs eagle3-2880:eagle1-2880
   --vs eagle1-5760:eagle1-2880 --vs eagle3-5760:eagle3-2880)
 bash results/better-target-1440/prompts.sh || exit 1
+both() {  # TAG tree_ceiling args...: code and chat side by side, one thread each
+  local tag=$1; shift
+  .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "$@" --prompts code=$P/code-16-79.jsonl --out $R/ceiling12-$tag-code &
+  .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "$@" --prompts chat=$P/chat-140-199.jsonl --out $R/ceiling12-$tag-chat &
+  wait
+}
 case "$1" in
-  T|G) mode=$([ "$1" = T ] && echo sample || echo greedy) tag=$([ "$1" = T ] && echo t07 || echo greedy)
-     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" --modes $mode --prompts code=$P/code-16-79.jsonl --out $R/ceiling12-$tag-code &
-     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" --modes $mode --prompts chat=$P/chat-140-199.jsonl --out $R/ceiling12-$tag-chat &
-     wait ;;
-  D) deep=(--modes greedy --depth 10 --total-tokens 60)
-     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "${deep[@]}" --prompts code=$P/code-16-79.jsonl --out $R/ceiling12-deep-code &
-     .venv/bin/python scripts/tree_ceiling.py "${common[@]}" "${deep[@]}" --prompts chat=$P/chat-140-199.jsonl --out $R/ceiling12-deep-chat &
-     wait ;;
+  T) both t07 --modes sample ;;
+  G) both greedy --modes greedy ;;
+  D) both deep --modes greedy --depth 10 --total-tokens 60 ;;
   *) echo "usage: ceiling12.sh T|G|D" >&2; exit 2 ;;
 esac
