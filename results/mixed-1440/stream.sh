@@ -21,6 +21,7 @@
 #   bash results/mixed-1440/stream.sh N &                                                 # build; ceiling11.sh G, T
 #   bash results/mixed-1440/ceiling11.sh G; bash results/mixed-1440/ceiling11.sh T; wait  # run beside N
 #   bash results/mixed-1440/stream.sh D & bash results/mixed-1440/stream.sh Q; wait       # added 2026-12-05 (3rd), same build
+#   bash results/mixed-1440/stream.sh U & bash results/mixed-1440/stream.sh S; wait       # added 2026-12-06, same build
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -58,5 +59,7 @@ case "$1" in
   N) run medusa-2880 demo-medusa-regen 2880 train.eval_every=2880 ;;    # M at twice the steps
   D) run eagle1-5760 demo-eagle 5760 train.lr=4e-3 train.eval_every=5760 ;;   # L and K at four times the steps (6.6 epochs),
   Q) run eagle3-5760 demo-eagle3 5760 heads.options.lm_head_init=target train.eval_every=5760 ;;  # seed 0, on the build of L, K
+  U) run medusa-5760 demo-medusa-regen 5760 train.eval_every=5760 ;;  # N at twice the steps: the third head type at D's budget
+  S) run eagle3-5760-ttt7 demo-eagle3 5760 heads.options.lm_head_init=target train.eval_every=5760 heads.options.ttt_steps=7 ;;  # Q with the paper's 7 TTT steps
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
