@@ -5,7 +5,7 @@
 # scored again here with them on identical contexts (scripts/tree_ceiling.py; each head's default tree).
 # T: T = 0.7, G: greedy, D: greedy with ceiling12.sh's depth-10, 60-token tree (code and chat side by side, one
 # thread each); M: Medusa at 5760 and 2880 steps in a run of their own (Medusa's default tree is another size),
-# greedy then T = 0.7, code then chat on one thread (it ran beside stream.sh S).
+# greedy then T = 0.7, code then chat on one thread (it ran beside stream.sh S). E: T = 0.7 with D's tree.
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 O=out/mix1440 P=out/bt/prompts R=results/mixed-1440
@@ -25,9 +25,10 @@ case "$1" in
   T) both t07 "${eagle[@]}" --modes sample ;;
   G) both greedy "${eagle[@]}" --modes greedy ;;
   D) both deep "${eagle[@]}" --modes greedy --depth 10 --total-tokens 60 ;;
+  E) both deep-t07 "${eagle[@]}" --modes sample --depth 10 --total-tokens 60 ;;
   M) for set in code=$P/code-16-79.jsonl chat=$P/chat-140-199.jsonl; do
        .venv/bin/python scripts/tree_ceiling.py "${base[@]}" "${medusa[@]}" --modes greedy,sample --prompts $set \
          --out $R/ceiling13-medusa-${set%%=*} || exit 1
      done ;;
-  *) echo "usage: ceiling13.sh T|G|D|M" >&2; exit 2 ;;
+  *) echo "usage: ceiling13.sh T|G|D|E|M" >&2; exit 2 ;;
 esac
