@@ -22,6 +22,7 @@
 #   bash results/mixed-1440/ceiling11.sh G; bash results/mixed-1440/ceiling11.sh T; wait  # run beside N
 #   bash results/mixed-1440/stream.sh D & bash results/mixed-1440/stream.sh Q; wait       # added 2026-12-05 (3rd), same build
 #   bash results/mixed-1440/stream.sh U & bash results/mixed-1440/stream.sh S; wait       # added 2026-12-06, same build
+#   bash results/mixed-1440/stream.sh V & bash results/mixed-1440/stream.sh d; wait       # added 2026-12-06 (2nd), same build
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${THREADS:-1} OMP_WAIT_POLICY=PASSIVE
 T=out/bt/target X=out/bt/mixed O=out/mix1440
@@ -61,5 +62,7 @@ case "$1" in
   Q) run eagle3-5760 demo-eagle3 5760 heads.options.lm_head_init=target train.eval_every=5760 ;;  # seed 0, on the build of L, K
   U) run medusa-5760 demo-medusa-regen 5760 train.eval_every=5760 ;;  # N at twice the steps: the third head type at D's budget
   S) run eagle3-5760-ttt7 demo-eagle3 5760 heads.options.lm_head_init=target train.eval_every=5760 heads.options.ttt_steps=7 ;;  # Q with the paper's 7 TTT steps
+  V) run eagle31-5760 demo-eagle31 5760 train.eval_every=5760 ;;     # J at four times the steps: the recipe's EAGLE-3 head at D's budget
+  d) run eagle1-5760-s1 demo-eagle 5760 train.lr=4e-3 train.eval_every=5760 train.seed=1 ;;  # D with seed 1
   T) run eagle31-ttt6 demo-eagle31 1440 heads.options.ttt_steps=6 ;;    # EAGLE-3.1 unrolled over the default tree's 6 depths
 esac
