@@ -3,15 +3,20 @@
     python scripts/bench_batch.py --out results/batch [--batches 1 4 8] [--max-new-tokens 64]
         [--repeats 3] [--threads 1] [--heads medusa eagle] [--train-steps 300]
 
-What it trains, measures and writes: `infer.benchmark.batch` (options: ``BenchBatchOptions``).
+What it trains, measures and writes: `bench.batch` (options: ``BenchBatchOptions``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from heads.config import parse_cli
-from infer.benchmark.batch import BenchBatchOptions, bench_batch
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+from bench.batch import BenchBatchOptions, bench_batch  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(a.threads)
     target = build(a.arch, a.attn, a.window, 2 * (a.prompt + a.new_tokens) + 64)
     head = {
-        "command": "python scripts/bench_batch1_sliding.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python scripts/bench_batch1_sliding.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{platform.machine()}, torch {torch.__version__}, transformers {tf.__version__}, "
         f"{a.threads} thread(s)",
         "args": vars(a),

@@ -7,8 +7,8 @@ Ours is `train.objective.batch_loss` + backward + AdamW on the demo target (or, 
 a random model with its config). ``--reference`` points at a checkout of SafeAILab/EAGLE (its
 ``eagle/traineagle3`` model code is imported from there, never copied); without it only ours is
 reported. Modes: ``fp32`` (target and heads fp32) and ``bf16`` (target bf16, forward under bf16
-autocast, fp32 master weights, for both trainers). The logic is in `train.eagle3_bench` and
-`train.eagle3_speed`.
+autocast, fp32 master weights, for both trainers). The logic is in `bench.eagle3_train` and
+`bench.eagle3_speed`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ import os
 import sys
 
 from heads.config import parse_cli
-from train.eagle3_bench import BenchOptions, run
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+from bench.eagle3_train import BenchOptions, run  # noqa: E402
 
 
 def import_reference(path: str) -> tuple:

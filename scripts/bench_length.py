@@ -4,15 +4,20 @@ tokens up to the target's whole context (measured, never asserted).
     python scripts/bench_length.py --out results/length [--target demo-tiny] [--heads eagle]
         [--repeats 2] [--threads 1] [--train-steps 300]
 
-See `infer.benchmark.length` for what is measured and how.
+See `bench.length` for what is measured and how.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from heads.config import parse_cli
-from infer.benchmark.length import BenchLengthOptions, bench_length
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+from bench.length import BenchLengthOptions, bench_length  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

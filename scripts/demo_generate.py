@@ -2,10 +2,17 @@
 
     python scripts/demo_generate.py --heads out/demo-medusa [--target demo] [--dtype auto] [--prompts 8]
 
-A thin command line over `infer.benchmark.side_by_side` (what it prints is described there).
+A thin command line over `bench.side_by_side` (what it prints is described there).
 """
 
-from infer.benchmark.side_by_side import main
+import os
+import sys
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+
+from bench.side_by_side import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

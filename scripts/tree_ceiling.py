@@ -7,7 +7,7 @@ At every ``--stride``-th position of the target's own continuation of each promp
 T = 0.7), each head drafts its default tree as `infer.generate` would there, and one verify forward gives
 its expected accepted length (exact sampling: the sum of path probabilities; greedy: the accepted length).
 With sampling, the best tree of the same size and depth (the N nodes of highest path probability under
-the target, a perfect draft) bounds every draft. See `infer.benchmark.ceiling`. Exit status 2 on bad input.
+the target, a perfect draft) bounds every draft. See `bench.ceiling`. Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from infer.benchmark.ceiling import markdown, run  # noqa: E402  (after the offline default)
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+
+from bench.ceiling import markdown, run  # noqa: E402  (after the offline default)
 
 if __name__ == "__main__":
     try:

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py (`infer.benchmark`) smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
+"""scripts/benchmark.py (`bench`) smoke test: a tiny random target with quickly built heads, 2 prompts, few tokens.
 
 Checks the outputs' schema (results.json keys and types, results.md, a non-empty PNG) and that a greedy
 method whose output differs from ``target.generate`` is caught (exit status 1, prompt and position
@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-import infer.benchmark as bench
+import bench as bench
 import infer.runner
-from infer.benchmark import device_check, profile, side_by_side
+from bench import device_check, profile, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +392,7 @@ def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
 def test_target_step_measurements_and_table(one_thread):
     """scripts/bench_target_step.py's measuring code in-process (the script runs each in a subprocess):
     one prefill per way, one verify row per context with every way and the 1-token decode."""
-    from infer.benchmark import target_step
+    from bench import target_step
 
     prefill = [target_step.prefill_child(way, 16, repeats=1) for way in ("full", "lean")]
     assert [p["way"] for p in prefill] == ["full", "lean"] and all(p["time_s"] > 0 for p in prefill)

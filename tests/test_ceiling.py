@@ -1,4 +1,4 @@
-"""`infer.benchmark.ceiling`: the expected accepted length of a tree equals the mean of exact sampling's,
+"""`bench.ceiling`: the expected accepted length of a tree equals the mean of exact sampling's,
 the best tree is the brute-force optimum and bounds every head's tree, and a head's tree on a context is
 the one `infer.generate` verifies there."""
 
@@ -12,8 +12,7 @@ import torch
 from test_eagle import self_generated, target, trained_head
 
 import infer
-from heads import EagleHead, MedusaHeads, save_heads
-from infer.benchmark.ceiling import (
+from bench.ceiling import (
     best_tree_value,
     expected_accepted,
     head_tree_value,
@@ -24,6 +23,7 @@ from infer.benchmark.ceiling import (
     sampling_warp,
     summarise,
 )
+from heads import EagleHead, MedusaHeads, save_heads
 from infer.options import _warpers
 from infer.runner import TreeRunner
 from infer.verify import accept_exact

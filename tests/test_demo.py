@@ -284,8 +284,8 @@ def test_make_reports_the_cached_builds(tiny_builds, capsys):
 def test_demo_generate_compares_three_ways_and_checks_exactness_in_both_dtypes(tmp_path, capsys):
     """scripts/demo_generate.py's code, timed in bf16: the table has target.generate, prompt lookup and the
     heads with τ and efficiency; exactness is checked in fp32 (all identical) and reported for bf16."""
+    from bench import side_by_side
     from heads import MedusaHeads, load_target, save_heads
-    from infer.benchmark import side_by_side
 
     torch.set_num_threads(1)
     target = load_target(demo.resolve("demo-tiny"))

@@ -1,4 +1,4 @@
-"""The EAGLE-3 training-speed harness (`train.eagle3_speed`) on a tiny target: the step it times is the
+"""The EAGLE-3 training-speed harness (`bench.eagle3_speed`) on a tiny target: the step it times is the
 real training step (the loss goes down), the split covers the parts and adds up, memory is counted.
 No timing value is asserted. The comparison with the original trainer needs its checkout and is not
 run here."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from bench.eagle3_speed import PARTS, bench_batch, interleave, our_step, paired_ratios, part_split
 from heads import Eagle3Head
-from train.eagle3_speed import PARTS, bench_batch, interleave, our_step, paired_ratios, part_split
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,9 +8,9 @@ Three measurements, one process, one torch thread, fp32:
 1. ``head``: the draft's lm_head + log_softmax + top-k of one tree depth (the frontier, [1, K, H] ->
    top-K of [1, K, V or Vd]), the fastest-of-interleaved-repeats timing of `infer.profile.timings`;
    for the root ([1, H]) too.
-2. ``speed``: `infer.benchmark.profile.speed` (target.generate and both heads, interleaved rounds over the
+2. ``speed``: `bench.profile.speed` (target.generate and both heads, interleaved rounds over the
    demo's held-out prompts, greedy; τ, speedup, efficiency, greedy identity).
-3. ``split``: `infer.benchmark.profile.split_table` (ms per decode step in draft / verify / ...).
+3. ``split``: `bench.profile.split_table` (ms per decode step in draft / verify / ...).
 
 Both heads run the same tree (their config's defaults unless --depth/--top-k/--total are given).
 """
@@ -25,7 +25,7 @@ import statistics
 import torch
 
 from heads.io import atomic_text
-from infer.benchmark.profile import ProfileOptions, setup, speed, split_table
+from bench.profile import ProfileOptions, setup, speed, split_table
 from infer.profile import timings
 
 

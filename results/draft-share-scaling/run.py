@@ -37,7 +37,7 @@ from demo.precision import fast_precision  # noqa: E402
 from demo.spec import SPECS  # noqa: E402
 from heads.eagle3.module import Eagle3Head  # noqa: E402
 from heads.io import atomic_text  # noqa: E402
-from infer.benchmark.machine import machine_info  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
 
 
 def _llama(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int) -> dict:

@@ -10,7 +10,7 @@ mkdir -p $P
 .venv/bin/python - <<'PY'
 import json
 import demo
-from infer.benchmark.prompt_sets import demo_chat_prompts
+from bench.prompt_sets import demo_chat_prompts
 from infer.prompts import read_prompts
 
 src = demo.ensure_demo_data(size="full")["prompts"]

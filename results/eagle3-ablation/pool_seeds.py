@@ -11,7 +11,7 @@ the reported τ as (new_tokens - 1) / τ (the prefill token is not counted in τ
 import json
 import sys
 
-from infer.benchmark.stats import BOOTSTRAP_REPS, _paired_bootstrap
+from bench.stats import BOOTSTRAP_REPS, _paired_bootstrap
 
 
 def main(a: str, b: str, dirs: list[str]) -> None:

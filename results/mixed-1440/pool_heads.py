@@ -14,7 +14,7 @@ out the run-to-run noise of training that a single pair of heads carries.
 import json
 import sys
 
-from infer.benchmark.stats import BOOTSTRAP_REPS, _paired_bootstrap
+from bench.stats import BOOTSTRAP_REPS, _paired_bootstrap
 
 
 def pooled(raw: dict, a: list[str], b: list[str]) -> tuple[float, list[float], int]:

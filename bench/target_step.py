@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench.measure import random_llama
 from heads.config import parse_cli
 from heads.graft import run_target, run_target_lean
 from heads.io import atomic_text
-from infer.benchmark.measure import random_llama
 from infer.cache import new_cache
 from infer.runner import TreeRunner
 from infer.tree import tree_buffers
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     if o.verify_child:
         print(json.dumps(verify_child(o.lengths, o.repeats)))
         return
-    common = [sys.executable, "-m", "infer.benchmark.target_step", "--threads", str(o.threads)]
+    common = [sys.executable, "-m", "bench.target_step", "--threads", str(o.threads)]
     common += ["--repeats", str(o.repeats)]
     prefill = []
     for length in o.lengths:

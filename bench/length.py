@@ -5,7 +5,7 @@ whole context (what ``scripts/bench_length.py`` runs; measured, never asserted).
         [--repeats 2] [--threads 1] [--train-steps 300]
 
 On a demo target (``demo-tiny``, or ``demo`` for the full one) with heads trained here by the trainers
-of `infer.benchmark.batch` (Medusa: 4 heads; EAGLE-1: one draft layer) or heads given as ``LABEL=DIR``
+of `bench.batch` (Medusa: 4 heads; EAGLE-1: one draft layer) or heads given as ``LABEL=DIR``
 (trained by ``train/train_heads.py`` for that target; their saved tree or EAGLE-2 budget), for a short
 prompt (16 tokens) and a long one (half the context, demo texts concatenated), one greedy run of `infer.generate` and one
 of ``target.generate`` each make every token up to the end of the context (EOS switched off; the
@@ -37,9 +37,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
+from bench.batch import corpus_ids, machine, self_text, train_eagle, train_medusa
 from heads.graft import resolve_demo_target
 from heads.io import atomic_text, atomic_write
-from infer.benchmark.batch import corpus_ids, machine, self_text, train_eagle, train_medusa
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bench.methods import SAMPLE_TEMPERATURE
 from heads.io import atomic_write
-from infer.benchmark.methods import SAMPLE_TEMPERATURE
 
 SCHEMA = "selfspec-benchmark/1"
 TAU_DEFINITION = (

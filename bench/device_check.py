@@ -31,10 +31,10 @@ import torch
 import transformers
 from torch import Tensor
 
+from bench.measure import first_difference, random_llama, sync, tie_margin
 from heads.config import parse_cli
 from heads.graft import TargetOutput, run_target_lean
 from heads.io import atomic_text
-from infer.benchmark.measure import first_difference, random_llama, sync, tie_margin
 from infer.cache import new_cache
 from infer.draft import Proposer, root_only
 from infer.generate import speculative_generate

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from infer.benchmark.stats import BOOTSTRAP_REPS, _paired_bootstrap
+from bench.stats import BOOTSTRAP_REPS, _paired_bootstrap
 from infer.draft import Proposer
 from infer.runner import TreeRunner
 from infer.tree import DraftTree
@@ -202,7 +202,7 @@ def _help(text: str) -> dict:
 @dataclass
 class CeilingOptions:
     """Expected τ of each head's trees on fixed contexts, against the best tree of the same size
-    (`infer.benchmark.ceiling`)."""
+    (`bench.ceiling`)."""
 
     target: str = field(default="demo", metadata=_help("'demo' / 'demo-tiny', a dir or Hub id"))
     heads: list[str] = field(
@@ -279,7 +279,7 @@ def _ci(ci: list[float] | None) -> str:
 def markdown(report: dict) -> str:
     lines = [f"# Expected τ on fixed contexts against the best tree\n\n`{report['command']}`\n",
              f"Machine: {report['machine']}. {report['tree']}. τ = 1 + E[drafts accepted] per context "
-             "(exact sampling: the sum of path probabilities, `infer.benchmark.ceiling`; greedy: the "
+             "(exact sampling: the sum of path probabilities, `bench.ceiling`; greedy: the "
              "accepted length); intervals: 95% bootstrap over prompts.\n"]  # fmt: skip
     for key, s in report["results"].items():
         lines.append(f"\n## {key} ({s['prompts']} prompts, {s['contexts']} contexts)\n")
@@ -311,13 +311,13 @@ def run(argv: list[str]) -> dict:
 
     import demo
     import infer
+    from bench.machine import machine_info
+    from bench.methods import SAMPLE_TEMPERATURE, generation_config
+    from bench.prompt_sets import prompt_files
+    from bench.report import write_text
+    from bench.run import parse_pairs
     from heads import load_target
     from heads.config import parse_cli
-    from infer.benchmark.machine import machine_info
-    from infer.benchmark.methods import SAMPLE_TEMPERATURE, generation_config
-    from infer.benchmark.prompt_sets import prompt_files
-    from infer.benchmark.report import write_text
-    from infer.benchmark.run import parse_pairs
     from infer.prompts import read_prompts, render_prompt
 
     o = parse_cli(CeilingOptions, argv, prog="scripts/tree_ceiling.py")

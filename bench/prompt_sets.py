@@ -7,7 +7,7 @@ import json
 import os
 
 import demo
-from infer.benchmark.report import write_text
+from bench.report import write_text
 from infer.prompts import read_prompts
 
 

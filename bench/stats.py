@@ -1,5 +1,5 @@
 """Aggregation of the benchmark's runs: τ, tokens/s, speedup with a percentile-bootstrap interval over
-prompts, paired comparisons (``--vs``). Pure functions of `infer.benchmark.methods.Run` lists."""
+prompts, paired comparisons (``--vs``). Pure functions of `bench.methods.Run` lists."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from infer.benchmark.methods import Method, Run
+from bench.methods import Method, Run
 
 
 def quantile(xs: list[float], q: float) -> float:

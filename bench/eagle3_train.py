@@ -1,5 +1,5 @@
 """The EAGLE-3 training-speed benchmark behind ``scripts/bench_eagle3_train.py``: its options, one
-measurement per precision mode, and the markdown report (the measuring itself is `train.eagle3_speed`).
+measurement per precision mode, and the markdown report (the measuring itself is `bench.eagle3_speed`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from heads.eagle3 import Eagle3Head, build_vocab_map, count_tokens
-from heads.io import atomic_text
-from infer.benchmark.machine import machine_info
-from infer.benchmark.measure import PeakMemory
-from train.eagle3_speed import (
+from bench.eagle3_speed import (
     PARTS,
     bench_batch,
     demo_like_target,
@@ -26,6 +22,10 @@ from train.eagle3_speed import (
     part_split,
     reference_step,
 )
+from bench.machine import machine_info
+from bench.measure import PeakMemory
+from heads.eagle3 import Eagle3Head, build_vocab_map, count_tokens
+from heads.io import atomic_text
 
 
 @dataclass

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 import infer
+from bench.measure import ForwardRecorder, PeakMemory, sync
 from heads import registry
-from infer.benchmark.measure import ForwardRecorder, PeakMemory, sync
 from infer.tree import default_tree, validate_paths
 
 SAMPLE_TEMPERATURE = 0.7

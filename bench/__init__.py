@@ -54,12 +54,12 @@ Timing: CUDA-synchronised on GPU, ``time.perf_counter`` on CPU. Speeds are never
 
 from __future__ import annotations
 
-from infer.benchmark.machine import machine_info
-from infer.benchmark.measure import ForwardRecorder, PeakMemory, first_difference, tie_margin, verify_cost
-from infer.benchmark.methods import SAMPLE_TEMPERATURE, Method, Run, generation_config, heads_methods
-from infer.benchmark.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, markdown, plot
-from infer.benchmark.run import DEFAULT_TIE_TOL, BenchmarkOptions, benchmark, main, parse_pairs, run
-from infer.benchmark.stats import bootstrap_ratio_ci, bootstrap_tau_diff_ci, compare, summarise, total_rate
+from bench.machine import machine_info
+from bench.measure import ForwardRecorder, PeakMemory, first_difference, tie_margin, verify_cost
+from bench.methods import SAMPLE_TEMPERATURE, Method, Run, generation_config, heads_methods
+from bench.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, markdown, plot
+from bench.run import DEFAULT_TIE_TOL, BenchmarkOptions, benchmark, main, parse_pairs, run
+from bench.stats import bootstrap_ratio_ci, bootstrap_tau_diff_ci, compare, summarise, total_rate
 
 __all__ = [
     "DEFAULT_TIE_TOL",

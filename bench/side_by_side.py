@@ -6,7 +6,7 @@
 the demo's head-training data never saw: `demo.ensure_demo_data`'s ``prompts``), greedy, fixed length,
 all three run in one process, interleaved per prompt (A B C, B C A, ...) after a warm-up, in the fast
 dtype (``--dtype fast``: bf16 where the hardware computes it natively, else fp32; `demo.precision`).
-This is `infer.benchmark.run.measure` with one prompt set and the greedy mode.
+This is `bench.run.measure` with one prompt set and the greedy mode.
 
 Printed: a table of tokens/s (median over prompts), speedup (total time against ``target.generate``),
 τ (tokens per target decode forward, bonus token included) and efficiency (speedup / τ) per method; then
@@ -17,7 +17,7 @@ the exactness check:
 - bf16 (in the timed run when that is bf16, else in an untimed bf16 run unless ``--no-bf16-check``): how
   many outputs were identical, and for each divergence the target's own logit margin between the two
   tokens at that point (a near-tie flip from rounding when it is within the tie tolerance,
-  `infer.benchmark.run.DEFAULT_TIE_TOL`; else a bug, status 1).
+  `bench.run.DEFAULT_TIE_TOL`; else a bug, status 1).
 
 ``--out DIR`` also writes results.json (the settings, the machine and every number printed).
 Timings are this machine's; they are not asserted anywhere.
@@ -36,14 +36,14 @@ from tqdm.auto import tqdm
 
 import demo
 import infer
+from bench.machine import machine_info
+from bench.measure import PeakMemory
+from bench.methods import Method
+from bench.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
+from bench.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from demo.precision import fast_precision
 from heads import registry
 from heads.config import parse_cli
-from infer.benchmark.machine import machine_info
-from infer.benchmark.measure import PeakMemory
-from infer.benchmark.methods import Method
-from infer.benchmark.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
-from infer.benchmark.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from infer.prompts import read_prompts, render_prompt
 
 

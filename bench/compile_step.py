@@ -35,10 +35,10 @@ from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
 import infer
+from bench.batch import machine
 from heads import Eagle3Head, EagleHead, MedusaHeads
 from heads.graft import resolve_demo_target
 from heads.io import atomic_text
-from infer.benchmark.batch import machine
 from infer.compiled import CompiledStep
 from infer.draft import medusa_topk
 from infer.eagle_draft import draft_step

@@ -1,7 +1,7 @@
 """The benchmark run: options (`BenchmarkOptions`, the command line of ``scripts/benchmark.py``), the
 interleaved runs of every method on every prompt, the greedy check, and the report files.
 
-    from infer.benchmark import run
+    from bench import run
     report, status = run(["--target", "demo", "--heads", "medusa=out/demo-medusa", "--out", "out/bench"])
 """
 
@@ -19,11 +19,9 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 import demo
-from heads import load_target
-from heads.config import parse_cli
-from infer.benchmark.machine import machine_info
-from infer.benchmark.measure import PeakMemory, first_difference, tie_margin, verify_cost
-from infer.benchmark.methods import (
+from bench.machine import machine_info
+from bench.measure import PeakMemory, first_difference, tie_margin, verify_cost
+from bench.methods import (
     SAMPLE_TEMPERATURE,
     Method,
     Run,
@@ -31,9 +29,11 @@ from infer.benchmark.methods import (
     heads_methods,
     parse_list,
 )
-from infer.benchmark.prompt_sets import prompt_files
-from infer.benchmark.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, markdown, plot, write_text
-from infer.benchmark.stats import compare, summarise
+from bench.prompt_sets import prompt_files
+from bench.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, markdown, plot, write_text
+from bench.stats import compare, summarise
+from heads import load_target
+from heads.config import parse_cli
 from infer.prompts import read_prompts, render_prompt
 
 DEFAULT_TIE_TOL = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.25, torch.float16: 0.05}
@@ -45,7 +45,7 @@ def _help(text: str) -> dict:
 
 @dataclass
 class BenchmarkOptions:
-    """Benchmark speculative decoding against plain decoding (see `infer.benchmark`)."""
+    """Benchmark speculative decoding against plain decoding (see `bench`)."""
 
     target: str = field(
         default="demo", metadata=_help("'demo' / 'demo-tiny' (the demo target), a dir or Hub id")
