@@ -1,4 +1,4 @@
-"""What one speculative step costs against one plain decode step, as the target grows (issue 16, item 3).
+"""What one speculative step costs against one plain decode step, as the target grows.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1 python results/draft-share-scaling/run.py \
         [--shapes demo small 0.5b 1b] [--new-tokens 32] [--repeats 3] [--threads 1] [--out DIR]
