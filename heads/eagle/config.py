@@ -13,7 +13,6 @@ from heads.draft_config import (
     resolve_draft_layer,
     validate_embed_scale,
     validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.vocab import check_draft_vocab_size
 
@@ -26,7 +25,6 @@ class EagleConfig(HeadConfig):
         the draft layer is rebuilt from it, so loading never needs the target itself.
     draft_layer: ``"llama"`` (default: a Llama decoder layer sized from the target, which the engines
         rebuild) or ``"target"`` (a layer of the target's own architecture); see `heads.draft_layer`.
-        A config.json without the key (heads saved before it existed) loads as ``"target"``.
     draft_layer_config: the ``LlamaConfig`` keyword arguments of a ``"llama"`` layer, resolved from
         ``target_config`` by `heads.draft_layer.llama_layer_config` and saved (None for ``"target"``).
     embed_scale: the factor by which the target's embedding module scales its weight rows (Gemma:
@@ -68,11 +66,6 @@ class EagleConfig(HeadConfig):
         if (n == 0 and not isinstance(n, bool)) or (self.vocab_size and n == self.vocab_size):
             self.draft_vocab_size = None  # the full vocabulary: no map, the pre-option checkpoint layout
         check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EagleConfig:
-        """As `HeadConfig.from_dict`; a config without ``draft_layer`` (saved before it existed) is ``"target"``."""
-        return super().from_dict(with_legacy_draft_layer(d))
 
     @property
     def draft_vocab(self) -> int:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -17,7 +15,6 @@ from heads.draft_config import (
     resolve_draft_layer,
     validate_embed_scale,
     validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.graft import num_layers
 from heads.vocab import build_vocab_map, check_draft_vocab_size, count_tokens
@@ -25,9 +22,6 @@ from heads.vocab import build_vocab_map, check_draft_vocab_size, count_tokens
 __all__ = ["Eagle3Config", "build_vocab_map", "check_aux_ids", "count_tokens", "default_aux_layer_ids"]
 
 MAX_PARALLEL_DRAFT = 32  # P-EAGLE slots per forward: bounded before anything is sized from a config.json
-
-# True while `Eagle3Config.from_dict` reads a config saved before aux ids were checked (see `check_aux_ids`).
-_LEGACY_AUX_IDS = contextvars.ContextVar("selfspec_legacy_aux_ids", default=False)
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -44,8 +38,8 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 
 def check_aux_ids(ids: list[int], L: int) -> None:
     """Raise ``ValueError`` (one line) unless ``ids`` are 3 distinct, strictly increasing inputs of layers of an
-    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there
-    (and for heads saved before this check) a non-decreasing repeat only warns that no engine serves it."""
+    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there a
+    non-decreasing repeat only warns that no engine serves it."""
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
         raise ValueError(
@@ -54,13 +48,10 @@ def check_aux_ids(ids: list[int], L: int) -> None:
         )
     if ids[0] < ids[1] < ids[2]:
         return
-    legacy = _LEGACY_AUX_IDS.get()
-    if (L < 3 and ids == sorted(ids)) or legacy:
-        why = (
-            f"a {L}-layer target has no 3 distinct layer inputs" if L < 3 else "saved before ids were checked"
-        )
+    if L < 3 and ids == sorted(ids):
         warnings.warn(
-            f"aux_layer_ids {ids} are not strictly increasing ({why}): these EAGLE-3 heads run in "
+            f"aux_layer_ids {ids} are not strictly increasing (a {L}-layer target has no 3 distinct layer "
+            "inputs): these EAGLE-3 heads run in "
             "infer.generate, but vLLM and SGLang capture distinct layers in increasing order and cannot serve them",
             stacklevel=4,
         )
@@ -71,22 +62,13 @@ def check_aux_ids(ids: list[int], L: int) -> None:
     )
 
 
-@contextlib.contextmanager
-def _legacy_aux_ids():
-    token = _LEGACY_AUX_IDS.set(True)
-    try:
-        yield
-    finally:
-        _LEGACY_AUX_IDS.reset(token)
-
-
 @dataclass
 class Eagle3Config(HeadConfig):
     """EAGLE-3 head config.
 
     target_config: the target's text config as a dict (as `heads.eagle.EagleConfig`).
     draft_layer, draft_layer_config: the draft decoder layer, as `heads.eagle.EagleConfig` (``"llama"``
-        by default; a config.json without the key loads as ``"target"``).
+        by default).
     embed_scale: the target embedding module's scale, as `heads.eagle.EagleConfig` (recorded for exports).
     aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low < mid < high,
         see `check_aux_ids`); None = `default_aux_layer_ids` (resolved as soon as ``target_config`` is
@@ -163,15 +145,6 @@ class Eagle3Config(HeadConfig):
         if self.aux_layer_ids is None:
             self.aux_layer_ids = default_aux_layer_ids(L)
         check_aux_ids(self.aux_layer_ids, L)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
-        """As `HeadConfig.from_dict`. A config saved before ``draft_layer`` existed loads as ``"target"``,
-        and its aux ids, saved before they were checked, only warn if they repeat or are out of order."""
-        if "draft_layer" in d:
-            return super().from_dict(d)
-        with _legacy_aux_ids():
-            return super().from_dict(with_legacy_draft_layer(d))
 
     @property
     def num_target_layers(self) -> int | None:
