@@ -1,7 +1,9 @@
-"""The EAGLE-1/2 head config (what ``config.json`` holds besides `heads.base.HeadConfig`'s fields)."""
+"""The EAGLE-1/2 head config (what ``config.json`` holds besides `heads.base.HeadConfig`'s fields) and its
+block of a training recipe (``heads.eagle``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -79,3 +81,20 @@ class EagleConfig(HeadConfig):
     def check_target(self, target: nn.Module) -> None:
         super().check_target(target)
         check_target_arch(self, target)
+
+
+@dataclass
+class EagleRecipe:
+    """``heads.eagle`` in a training recipe: the `EagleConfig` fields a run chooses (the target's sizes and
+    config come from the target)."""
+
+    draft_layer: Literal["llama", "target"] = "llama"  # llama: served by vLLM/SGLang for any target
+    bias: bool = True  # fc has a bias (EAGLE-1 checkpoints); vLLM's EAGLE-1 draft has none
+    w_reg: float = 1.0  # weight of the SmoothL1 regression onto the target's next feature
+    w_cls: float = 0.1  # weight of the soft-label CE against the target's next-token distribution
+    noise: float = 0.1  # training-time feature noise U(-noise, noise); 0 = off
+    draft_vocab_size: int | None = None  # a reduced draft vocabulary (d2t); null = the target's
+
+    def head_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `EagleConfig`."""
+        return dataclasses.asdict(self)

@@ -1,8 +1,10 @@
-"""The EAGLE-3 head config and its aux layer ids (see `heads.eagle3`); the draft vocabulary map is
+"""The EAGLE-3 head config, its aux layer ids (see `heads.eagle3`) and its block of a training recipe
+(``heads.eagle3``: the EAGLE-3.1 variant and P-EAGLE named as such); the draft vocabulary map is
 `heads.vocab`'s (re-exported here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -19,9 +21,25 @@ from heads.draft_config import (
 from heads.graft import num_layers
 from heads.vocab import build_vocab_map, check_draft_vocab_size, count_tokens
 
-__all__ = ["Eagle3Config", "build_vocab_map", "check_aux_ids", "count_tokens", "default_aux_layer_ids"]
+__all__ = [
+    "VARIANTS",
+    "Eagle3Config",
+    "Eagle3Recipe",
+    "PEagleRecipe",
+    "build_vocab_map",
+    "check_aux_ids",
+    "count_tokens",
+    "default_aux_layer_ids",
+]
 
 MAX_PARALLEL_DRAFT = 32  # P-EAGLE slots per forward: bounded before anything is sized from a config.json
+# EAGLE-3 variant name -> (fc_norm, norm_output); "eagle3.1" has both (`Eagle3Config.variant`)
+VARIANTS: dict[str, tuple[bool, bool]] = {
+    "eagle3": (False, False),
+    "eagle3.1": (True, True),
+    "eagle3+fc_norm": (True, False),
+    "eagle3+norm_output": (False, True),
+}
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -161,12 +179,9 @@ class Eagle3Config(HeadConfig):
 
     @property
     def variant(self) -> str:
-        """``"eagle3.1"`` when both EAGLE-3.1 options are on, ``"eagle3"`` when neither, else which one is."""
-        if self.fc_norm and self.norm_output:
-            return "eagle3.1"
-        if self.fc_norm or self.norm_output:
-            return "eagle3+" + ("fc_norm" if self.fc_norm else "norm_output")
-        return "eagle3"
+        """``"eagle3.1"`` when both EAGLE-3.1 options are on, ``"eagle3"`` when neither, else which one is
+        (the keys of `VARIANTS`)."""
+        return next(name for name, flags in VARIANTS.items() if flags == (self.fc_norm, self.norm_output))
 
     @property
     def draft_vocab(self) -> int:
@@ -182,3 +197,44 @@ class Eagle3Config(HeadConfig):
                 f"({self.base_model_name_or_path!r}) and read its layers {self.aux_layer_ids}; "
                 f"this target has {num_layers(target)} layers"
             )
+
+
+@dataclass
+class PEagleRecipe:
+    """``heads.eagle3.p_eagle``: P-EAGLE parallel drafting (`Eagle3Config.parallel_draft`)."""
+
+    depths: int = 8  # depths drafted in one forward; training unrolls this many steps
+
+    def __post_init__(self) -> None:
+        d = self.depths
+        if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= MAX_PARALLEL_DRAFT:
+            raise ValueError(
+                f"heads.eagle3.p_eagle.depths must be an int in [2, {MAX_PARALLEL_DRAFT}] (depths drafted in one "
+                f"forward; p_eagle: null drafts one depth per forward), got {d!r}"
+            )
+
+
+@dataclass
+class Eagle3Recipe:
+    """``heads.eagle3`` in a training recipe: the `Eagle3Config` fields a run chooses (the target's sizes and
+    config come from the target), with EAGLE-3.1 as ``variant: eagle3.1`` (`VARIANTS`: ``fc_norm`` and
+    ``norm_output`` on) and P-EAGLE as the ``p_eagle`` section (``parallel_draft`` = its ``depths``)."""
+
+    variant: Literal["eagle3", "eagle3.1", "eagle3+fc_norm", "eagle3+norm_output"] = "eagle3"
+    p_eagle: PEagleRecipe | None = None  # P-EAGLE: all depths of a chain in one draft forward; null = off
+    draft_layer: Literal["llama", "target"] = "llama"  # llama: served by vLLM/SGLang for any target
+    draft_vocab_size: int | None = None  # draft lm_head rows (most frequent training labels); null = all
+    aux_layer_ids: list[int] | None = None  # hidden_states indices fused; null = (2, L//2, L-3)
+    ttt_steps: int = 7  # training-time-test unroll (not read with p_eagle)
+    step_weight: float = 0.8  # step j's loss weight is step_weight**j
+    noise: float = 0.0  # feature noise U(-noise, noise); 0 = off
+    lm_head_init: Literal["random", "target"] = "random"  # target: start from the target's lm_head rows
+
+    def head_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `Eagle3Config`: ``variant`` as ``fc_norm``/``norm_output``, ``p_eagle`` as
+        ``parallel_draft``."""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fc_norm, norm_output = VARIANTS[kwargs.pop("variant")]
+        p_eagle = kwargs.pop("p_eagle")
+        parallel = p_eagle.depths if p_eagle is not None else 0
+        return kwargs | {"fc_norm": fc_norm, "norm_output": norm_output, "parallel_draft": parallel}
