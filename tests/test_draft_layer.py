@@ -1,4 +1,5 @@
-"""The engine-native draft layer (``heads.options.draft_layer: llama``) on many target architectures.
+"""The engine-native draft layer (``draft_layer: llama``; in a recipe ``heads.eagle.draft_layer`` or
+``heads.eagle3.draft_layer``) on many target architectures.
 
 Covers: the recorded one-layer LlamaConfig (sizes, head_dim, KV heads, RoPE, eps) and that the head's
 layer is exactly a Llama layer built from it; old-style config.json files (no ``draft_layer`` key) loading
