@@ -101,13 +101,14 @@ class Eagle3Config(HeadConfig):
     norm_output: EAGLE-3.1's post-norm feedback: the draft's output is h = norm(o) (its final norm applied
         once), the logits are lm_head(h), and the next draft step (TTT step or tree depth) is fed h instead
         of the pre-norm o, so the fed-back feature keeps one scale across depths. False (default): EAGLE-3
-        (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`); the names are vLLM
-        speculators' ``Eagle3SpeculatorConfig`` fields, which SGLang/SpecForge share.
+        (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`; a recipe says
+        ``heads.eagle3.variant: eagle3.1``); the names are vLLM speculators' ``Eagle3SpeculatorConfig``
+        fields, which SGLang/SpecForge share.
     parallel_draft: P-EAGLE parallel drafting over K = parallel_draft depths (0 = off, else 2..32): one
         draft forward proposes all K depths of a chain, its slots 1..K-1 fed the learned placeholders
         ``mask_embed`` / ``mask_hidden`` [H] instead of a drafted token and feature (see
-        `heads.eagle3.module`). Training scores slot j as TTT step j (the unroll length is K, and
-        ``ttt_steps`` is not read); the proposer drafts at most K depths.
+        `heads.eagle3.module`; a recipe's ``heads.eagle3.p_eagle.depths``). Training scores slot j as TTT
+        step j (the unroll length is K, and ``ttt_steps`` is not read); the proposer drafts at most K depths.
     lm_head_init: how training starts the draft's own lm_head [draft_vocab, H]: ``"random"`` (default,
         normal(0, initializer_range), as EAGLE-3's reference code) or ``"target"``: the target lm_head's
         rows of the draft vocabulary's tokens (`Eagle3Head.init_lm_head_from`, after the vocabulary map is
