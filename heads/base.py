@@ -58,7 +58,6 @@ HUB_PATTERNS = [
     f"{ADAPTER_DIR}/*",
 ]
 # Inference settings tuned for these heads (`infer.settings`; heads only upload them, `infer` reads them)
-TREE_NAME = "tree.json"  # written by earlier versions
 INFERENCE_NAME = "inference.json"  # written by `infer.tune_tree`
 
 

@@ -19,35 +19,77 @@ import types
 import typing
 from typing import Any, TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
 
 T = TypeVar("T")
+__all__ = [
+    "MISSING",
+    "check_overrides",
+    "config_error",
+    "key_homes",
+    "known_keys",
+    "load",
+    "parse_cli",
+    "to_yaml",
+]
+
+
+def _blocks(cls: Any) -> dict[str, Any]:
+    """``{field name: dataclass}`` for the fields of dataclass ``cls`` that hold a config block (a dataclass,
+    or an optional one)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        sub = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
+        if sub is not None:
+            out[f.name] = sub
+    return out
 
 
 def known_keys(cls: Any, dotted: str = "") -> list[str]:
     """The field names of the dataclass reached from ``cls`` by the dotted path ``dotted`` ([] if none)."""
     for part in filter(None, dotted.split(".")):
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        f = fields.get(part)
-        factory = None if f is None else f.default_factory
-        if factory is None or factory is dataclasses.MISSING or not dataclasses.is_dataclass(factory):
-            return []
-        cls = factory
+        cls = _blocks(cls).get(part) if dataclasses.is_dataclass(cls) else None
     return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
+def key_homes(cls: Any, leaf: str, prefix: str = "") -> list[str]:
+    """Dotted paths of the blocks inside dataclass ``cls`` that have a key named ``leaf``."""
+    out = []
+    for name, sub in _blocks(cls).items():
+        if leaf in {f.name for f in dataclasses.fields(sub)}:
+            out.append(prefix + name)
+        out += key_homes(sub, leaf, f"{prefix}{name}.")
+    return out
+
+
 def config_error(cls: Any, e: Exception) -> ValueError:
-    """An OmegaConf error (multi-line, internal) as one line naming the key, with a suggestion."""
+    """An OmegaConf error (multi-line, internal) as one line naming the key, with a suggestion: the block
+    a misplaced key belongs in, else the closest valid key."""
     key = getattr(e, "full_key", None) or ""
     msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
     if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
         parent, _, leaf = key.rpartition(".")
+        homes = [h for h in key_homes(cls, leaf) if h != parent]
+        if homes:
+            return ValueError(
+                f"unknown config key {key!r}: {leaf!r} is a key of {' and '.join(homes)}, not of "
+                f"{parent or 'the top level'} (e.g. {homes[0]}.{leaf}=...)"
+            )
         known = known_keys(cls, parent)
         hint = difflib.get_close_matches(leaf, known, n=1)
         suggestion = f"; did you mean {(parent + '.' if parent else '') + hint[0]!r}?" if hint else ""
         where = f" in {parent!r}" if parent else ""
         return ValueError(f"unknown config key {key!r}{suggestion} (valid keys{where}: {', '.join(known)})")
+    if isinstance(e, MissingMandatoryValue):
+        return ValueError(f"{key} is not set: give it in the recipe or as {key}=...")
     return ValueError(f"bad config value for {key!r}: {msg}" if key else f"bad config: {msg}")
 
 
@@ -133,7 +175,8 @@ def parse_cli(
     hints = typing.get_type_hints(cls)
     parser = argparse.ArgumentParser(prog=prog, description=description or (cls.__doc__ or "").split("\n")[0])
     parser.add_argument("--config", default=None, help="a YAML recipe for these options")
-    fields = [f for f in dataclasses.fields(cls) if f.init and not dataclasses.is_dataclass(hints[f.name])]
+    blocks = _blocks(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in blocks]
     for f in fields:  # nested configs are set with key=value
         if f.metadata.get("positional"):
             parser.add_argument(f.name, type=_value, help=f.metadata.get("help"))

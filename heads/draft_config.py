@@ -16,14 +16,7 @@ __all__ = [
     "target_config_dict",
     "validate_embed_scale",
     "validate_target_config",
-    "with_legacy_draft_layer",
 ]
-
-
-def with_legacy_draft_layer(d: dict[str, Any]) -> dict[str, Any]:
-    """A saved EAGLE / EAGLE-3 config dict, with ``draft_layer: target`` where the key is missing
-    (heads saved before ``draft_layer`` existed had the target's own layer)."""
-    return d if "draft_layer" in d else {**d, "draft_layer": "target"}
 
 
 def resolve_draft_layer(config: Any) -> None:

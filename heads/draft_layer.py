@@ -9,8 +9,8 @@ cache-based training-time-test unroll (`cached_unroll`).
 
 The layer the serving engines know is a Llama decoder layer sized from the target.
 
-``heads.options.draft_layer`` picks the decoder layer inside `heads.eagle.EagleHead` and
-`heads.eagle3.Eagle3Head`:
+``draft_layer`` (a recipe's ``heads.eagle.draft_layer`` / ``heads.eagle3.draft_layer``) picks the layer inside
+`heads.eagle.EagleHead` and `heads.eagle3.Eagle3Head`:
 
 - ``"llama"`` (the default for new heads): a transformers ``LlamaDecoderLayer`` and
   ``LlamaRotaryEmbedding`` built from a one-layer ``LlamaConfig`` sized from the target, as SpecForge and
@@ -278,7 +278,7 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
         cfg = AutoConfig.for_model(model_type, **d)
     except (ValueError, KeyError) as e:
         raise NotImplementedError(
-            f"EAGLE heads: unknown target architecture {model_type!r}: {e}; use heads.options.draft_layer: llama"
+            f"EAGLE heads: unknown target architecture {model_type!r}: {e}; use draft_layer: llama"
         ) from e
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     base = model.base_model
@@ -303,7 +303,7 @@ def build_draft_layer(target_config: dict[str, Any]) -> tuple[nn.Module, nn.Modu
     if problem:
         raise NotImplementedError(
             f"a draft layer of the target's own {model_type!r} architecture ({type(model).__name__}) is not "
-            f"supported: {problem}; use heads.options.draft_layer: llama (a Llama layer, for any target)"
+            f"supported: {problem}; use draft_layer: llama (a Llama layer, for any target)"
         )
     layer = layers[0]
     layer.input_layernorm = nn.Identity()

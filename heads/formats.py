@@ -156,7 +156,7 @@ def engine_layer_config(
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     tc = cfg["target_config"]
     dtype = cfg.get("_dtype", "float32")
-    if cfg.get("draft_layer", "target") == "llama":
+    if cfg["draft_layer"] == "llama":
         return "llama", llama_draft_config({**tc, **cfg["draft_layer_config"]}, H, V, dtype)
     mt = tc.get("model_type")
     if native is not None and mt == native:
@@ -166,7 +166,7 @@ def engine_layer_config(
     if mt not in LLAMA_COMPATIBLE:
         raise ValueError(
             f"cannot export {head} heads with draft_layer: target on a {mt!r} target to {engine}: {engine} has no "
-            f"{mt} {head} draft class ({native_hint}); retrain with heads.options.draft_layer=llama, "
+            f"{mt} {head} draft class ({native_hint}); retrain with heads.{head}.draft_layer=llama, "
             "whose Llama layer every engine serves"
         )
     check_llama_compatible(tc, f"{head} heads to {engine}")

@@ -13,7 +13,7 @@ allowed range, before anything expensive is built:
   names and shapes the config implies (the module built on the ``meta`` device: no memory) must be
   exactly those in the ``model.safetensors`` header (read without loading any tensor). Only then is
   the module built; its memory is then that of the weights file.
-- (draft-tree settings saved with the heads, ``inference.json`` / ``tree.json``, are `infer`'s and are
+- (draft-tree settings saved with the heads, ``inference.json``, are `infer`'s and are
   bounded there: `infer.settings`.)
 - **the target** (`target_fingerprint`, `identity_problems`): heads record the target's architecture
   and a fingerprint of its embedding and lm_head; a different target of the same sizes is refused.

@@ -12,8 +12,8 @@ holds constructor kwargs): the head type, its hyper-parameters and the target's 
 (`heads.base.load_heads`, used by ``infer.load``) reads every head type. Loading a Hub id goes through
 ``snapshot_download`` into the standard HF cache, so ``HF_HUB_OFFLINE=1`` works from that cache, and
 pushing goes through ``HfApi.create_repo`` + ``HfApi.create_commit`` with an explicit allow-list of the
-files selfspec writes (`upload_files`: heads, config, card, eval results, run config, ``tree.json``, a
-PEFT ``adapter/``); nothing else in the directory is ever uploaded, the list is printed first, a new
+files selfspec writes (`upload_files`: heads, config, card, eval results, run config, ``inference.json``,
+a PEFT ``adapter/``); nothing else in the directory is ever uploaded, the list is printed first, a new
 repo is private unless ``private=False``, and no absolute local path goes into an uploaded file
 (`upload_payloads`).
 
@@ -43,7 +43,6 @@ from heads.base import (
     INFERENCE_NAME,
     LIBRARY_NAME,
     LOGIN_HINT,
-    TREE_NAME,
     WEIGHTS_NAME,
     load_heads,
     read_config,
@@ -72,7 +71,7 @@ __all__ = [
 # The only files a push uploads: what `save_heads`, `HubMixin.save_pretrained`, training
 # (`train.train_heads.save_heads_copy` / `save_final` / `save_adapter`) and `scripts/tune_tree.py` write into
 # a heads directory. Anything else there (training checkpoints, data, keys, the user's own files) stays.
-UPLOAD_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME, TRAIN_CONFIG_NAME, INFERENCE_NAME, TREE_NAME)
+UPLOAD_FILES = (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, EVAL_NAME, TRAIN_CONFIG_NAME, INFERENCE_NAME)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # PEFT's own files, no README
 
 
@@ -271,7 +270,7 @@ def push_heads_dir(
 
     Creates the repo if needed, **private** unless ``private=False`` (None means private too; an existing
     repo keeps its visibility). Uploads exactly `upload_files` (an allow-list: heads, config, README.md,
-    eval results, run config, tree.json, ``adapter/``), printing the list first; everything else in the
+    eval results, run config, inference.json, ``adapter/``), printing the list first; everything else in the
     directory is left out. JSON/YAML files are uploaded without absolute local paths (`upload_payloads`).
     ``write_card``: first write a model card into ``directory`` if it has none. ``revision``: a branch to
     commit to (created from main if missing).

@@ -41,12 +41,10 @@ class LossInputs:
     """What a head type's loss may read besides the heads, the target forward and the batch.
 
     lm_head / embed: the target's ``get_output_embeddings()`` / ``get_input_embeddings()``.
-    decay: Medusa's per-head loss decay (``train.decay``).
     """
 
     lm_head: nn.Module
     embed: nn.Module
-    decay: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class Objective:
 
     position_name: what one draft position is called in logs (``"head"`` for Medusa, ``"step"`` else).
     positions(config) -> K: the draft positions scored per batch (metrics are [K] tensors).
-    weights(config, decay) -> [K] floats: the weight of each position's loss in the total.
+    weights(config) -> [K] floats: the weight of each position's loss in the total.
     target_kwargs(config) -> kwargs for `heads.graft.run_target` (e.g. ``aux_layers``), plus
         ``"all_logits": True`` when the loss reads the target's logits at every position.
     loss(heads, target_out, batch, inputs) -> ``(loss, metrics)``: ``loss`` a scalar with gradient;
@@ -71,7 +69,7 @@ class Objective:
 
     position_name: str
     positions: Callable[[Any], int]
-    weights: Callable[[Any, float], list[float]]
+    weights: Callable[[Any], list[float]]
     target_kwargs: Callable[[Any], dict[str, Any]]
     loss: Callable[[nn.Module, Any, dict[str, Tensor], LossInputs], tuple[Tensor, dict[str, Tensor]]]
     top1_vs: str = "target"

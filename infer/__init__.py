@@ -157,7 +157,7 @@ def load(
     trained on: a directory that exists here, a demo name or a Hub id), e.g. ``infer.load(heads="out/x")``.
 
     Heads from a directory bring the inference settings saved next to them (``inference.json`` from
-    `infer.tune_tree`, or an older ``tree.json``: `infer.settings.read_settings`), checked before the
+    `infer.tune_tree`: `infer.settings.read_settings`), checked before the
     target is loaded; heads given as a module get the defaults.
 
     Heads trained for a target of another vocab or hidden size are rejected with a ``ValueError``.

@@ -40,7 +40,7 @@ class ParallelProposer(EagleProposer):
         K = int(getattr(head.config, "parallel_draft", 0) or 0)
         if K < 2:
             raise ValueError(
-                "ParallelProposer needs EAGLE-3 heads trained with heads.options.parallel_draft >= 2"
+                "ParallelProposer needs EAGLE-3 heads trained with parallel_draft >= 2 (P-EAGLE: heads.eagle3.p_eagle)"
             )
         super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens, greedy_score_temperature)
 

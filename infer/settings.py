@@ -7,8 +7,7 @@ draft_top_k, total_tokens), and the acceptance rule with typical acceptance's ε
 config (``heads.config.load(InferSettings, overrides=["total_tokens=32"])``).
 
 Settings tuned for one set of heads (`infer.tune_tree`) are saved next to them as ``inference.json``
-(`write_settings`) and read back by `infer.load` (`read_settings`). A ``tree.json`` written by earlier
-versions is still read (``{"paths": [...]}`` or ``{"total_tokens", "depth", "draft_top_k"}``).
+(`write_settings`) and read back by `infer.load` (`read_settings`).
 Everything read from a checkpoint is bounded here before it is used (`TREE_LIMITS`, `check_paths`,
 `check_tree_budget`): sizes within the limits and within what the heads can give (ranks below the
 vocabulary, depth at most the number of Medusa heads, ``draft_top_k`` at most the draft vocabulary).
@@ -25,13 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heads import registry
-from heads.base import INFERENCE_NAME, TREE_NAME
+from heads.base import INFERENCE_NAME
 from heads.guard import inside, short_list
 from heads.io import atomic_text
 from infer.tree import validate_paths
 
 SETTINGS_NAME = INFERENCE_NAME  # "inference.json": what `infer.tune_tree` writes next to the heads
-LEGACY_TREE_NAME = TREE_NAME  # "tree.json": what earlier versions wrote; read when there is no inference.json
 
 # Draft-tree budgets: EAGLE-2 uses depth 6, top-k 10, 60 tokens; Medusa trees have 30-64 nodes.
 TREE_LIMITS: dict[str, tuple[int, int]] = {
@@ -193,24 +191,6 @@ def _read_json(path: str) -> Any:
         raise ValueError(f"{path} is not valid JSON: {str(e)[:200]}") from e
 
 
-def _legacy_tree(path: str, config) -> dict[str, Any]:
-    """A ``tree.json``: Medusa ``{"paths"}``, EAGLE ``{"total_tokens", "depth", "draft_top_k"}`` exactly
-    (plus an ignored ``"tuning"`` record) -> `InferSettings` fields."""
-    tree = _read_json(path)
-    static = registry.get(config.head_type).tree == "static"
-    keys = {"paths"} if static else set(BUDGET_KEYS)
-    if not isinstance(tree, dict) or not keys <= set(tree) or set(tree) - keys - {"tuning"}:
-        found = short_list(sorted(tree)) if isinstance(tree, dict) else type(tree).__name__
-        raise ValueError(
-            f"{path}: {config.head_type} heads need exactly the keys {sorted(keys)}, found {found}"
-        )
-    if static:
-        return {"tree": check_paths(tree["paths"], path, config.num_heads, config.vocab_size)}
-    budget = {k: tree[k] for k in BUDGET_KEYS}
-    check_tree_budget(budget, path, draft_vocab=draft_vocab(config))
-    return budget
-
-
 def _settings_file(path: str, config) -> dict[str, Any]:
     """An ``inference.json``: any `InferSettings` fields (plus an ignored ``"tuning"`` record), each
     type- and bound-checked before the dataclass is built."""
@@ -236,22 +216,21 @@ def _settings_file(path: str, config) -> dict[str, Any]:
 
 
 def read_settings(directory: str | None, config) -> InferSettings:
-    """The settings saved next to heads in ``directory`` (``inference.json``, else a legacy
-    ``tree.json``), validated against the heads' ``config``, over the library's defaults and the
-    heads' own (`heads_defaults`); those alone where there is neither (or no directory: heads built in
-    memory). A bad file raises a one-line ``ValueError`` naming it."""
+    """The settings saved next to heads in ``directory`` (``inference.json``), validated against the
+    heads' ``config``, over the library's defaults and the heads' own (`heads_defaults`); those alone
+    where there is none (or no directory: heads built in memory). A bad file raises a one-line
+    ``ValueError`` naming it."""
     defaults = heads_defaults(config)
     if directory is None:
         return InferSettings(**defaults)
-    for name, parse in ((SETTINGS_NAME, _settings_file), (LEGACY_TREE_NAME, _legacy_tree)):
-        path = inside(directory, name)
-        if os.path.isfile(path):
-            fields = parse(path, config)
-            try:
-                return InferSettings(**(defaults | fields))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}: {e}") from None
-    return InferSettings(**defaults)
+    path = inside(directory, SETTINGS_NAME)
+    if not os.path.isfile(path):
+        return InferSettings(**defaults)
+    fields = _settings_file(path, config)
+    try:
+        return InferSettings(**(defaults | fields))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def write_settings(directory: str, values: dict[str, Any], tuning: dict[str, Any] | None = None) -> str:

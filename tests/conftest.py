@@ -31,7 +31,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     torch.set_num_threads(WORKER_THREADS)
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
-# Architectures the EAGLE heads' Llama draft layer (heads.options.draft_layer: llama) is tested on:
+# Architectures the EAGLE heads' Llama draft layer (draft_layer: llama) is tested on:
 # ARCHS, plus GPT-NeoX, Falcon, OLMo-2, Cohere, Phi (phi-1/2), StarCoder2, Granite, two mixture-of-experts
 # targets, Gemma-3 text (mixed sliding / full layers, a window shorter than the test contexts) and
 # EXAONE-4 (post-norm layers with q/k norms, sliding / full).

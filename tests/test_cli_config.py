@@ -53,3 +53,37 @@ def test_errors_are_one_line(argv, message, capsys):
         config.parse_cli(Opts, argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1]
+
+
+@dataclasses.dataclass
+class Small:
+    size: int = 1
+
+
+@dataclasses.dataclass
+class Big:
+    width: int = 2
+
+
+@dataclasses.dataclass
+class Blocks:
+    name: str = dataclasses.field(default=config.MISSING)
+    small: Small | None = None
+    big: Big | None = None
+
+
+def test_optional_blocks_misplaced_and_missing_keys():
+    """Optional blocks merge from key=value; a key in the wrong block names the block it belongs in; a
+    required value that is not set says so, in one line."""
+    got = config.load(Blocks, overrides=["name=x", "big.width=3"])
+    assert got == Blocks(name="x", small=None, big=Big(3))
+    with pytest.raises(
+        ValueError, match="^unknown config key 'small.width': 'width' is a key of big, not of small"
+    ):
+        config.load(Blocks, overrides=["name=x", "small.width=3"])
+    with pytest.raises(
+        ValueError, match="^unknown config key 'width': 'width' is a key of big, not of the top"
+    ):
+        config.load(Blocks, overrides=["name=x", "width=3"])
+    with pytest.raises(ValueError, match="^name is not set: give it in the recipe or as name=...$"):
+        config.load(Blocks)

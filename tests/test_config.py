@@ -6,69 +6,76 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import types
 
 import pytest
 import yaml
 
+from heads.eagle3.config import VARIANTS, Eagle3Config
+from heads.medusa.config import MedusaRecipe
 from heads.registry import REGISTRY
-from train.config import HeadsConfig, RunConfig, load_config, resolve_demo, to_yaml
+from train.config import RunConfig, head_blocks, load_config, resolve_demo, to_yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
 
 
-def _dotted_fields(cls, prefix: str = "") -> set[str]:
-    out = set()
-    for f in dataclasses.fields(cls):
-        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if sub is not None and dataclasses.is_dataclass(sub):
-            out |= _dotted_fields(sub, f"{prefix}{f.name}.")
-        else:
-            out.add(prefix + f.name)
-    return out
-
-
 def _dotted_keys(d: dict, prefix: str = "") -> set[str]:
     out = set()
     for k, v in d.items():
-        if isinstance(v, dict) and v and k != "options":
+        if isinstance(v, dict) and v:
             out |= _dotted_keys(v, f"{prefix}{k}.")
         else:
             out.add(prefix + k)
     return out
 
 
+def _recipe_keys(cfg: RunConfig) -> set[str]:
+    """Every key a recipe of ``cfg``'s head type writes: all of them, but only its own head block, and the
+    Medusa-2 ``joint`` block only for head types it applies to."""
+    d = dataclasses.asdict(cfg)
+    d["heads"] = {"type": cfg.heads.type, cfg.heads.type: d["heads"][cfg.heads.type]}
+    if not getattr(REGISTRY[cfg.heads.type], "joint_training", False):
+        del d["joint"]
+    return _dotted_keys(d)
+
+
+T = "target.name_or_path=org/model"
+
+
 def test_defaults():
-    cfg = load_config()
+    with pytest.raises(ValueError, match="^target.name_or_path is not set: give it in the recipe"):
+        load_config()  # no default target: a recipe names its own
+    cfg = load_config(None, [T])
     assert isinstance(cfg, RunConfig)
-    assert (cfg.train.lr, cfg.train.warmup_ratio, cfg.train.decay, cfg.train.max_steps) == (
-        1e-3,
-        0.1,
-        0.8,
-        -1,
-    )
-    assert cfg.target.name_or_path == "demo" and cfg.data.path == "demo" and cfg.resume is None
-    assert cfg.heads.head_kwargs() == {"num_heads": 4, "num_layers": 1, "lm_head": "target"}
+    assert (cfg.train.lr, cfg.train.warmup_ratio, cfg.train.max_steps) == (1e-3, 0.1, -1)
+    assert cfg.data.path == "demo" and cfg.resume is None
+    assert cfg.heads.medusa is None and cfg.heads.block == MedusaRecipe()  # an unset block: its defaults
+    assert cfg.heads.head_kwargs() == {"num_heads": 4, "num_layers": 1, "lm_head": "target", "decay": 0.8}
 
 
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("train:\n  lr: 2.0e-3\n  batch_size: 2\noutput_dir: out/a\nheads:\n  num_heads: 2\n")
+    path.write_text(
+        "target:\n  name_or_path: org/m\ntrain:\n  lr: 2.0e-3\n  batch_size: 2\noutput_dir: out/a\n"
+        "heads:\n  medusa:\n    num_heads: 2\n"
+    )
     cfg = load_config(
         str(path), ["train.lr=1e-2", "output_dir=out/b", "train.betas=[0.9,0.95]", "resume=auto"]
     )
     assert cfg.train.lr == 1e-2 and cfg.output_dir == "out/b"  # overrides win over the file
-    assert cfg.train.batch_size == 2 and cfg.heads.num_heads == 2  # the file wins over the defaults
+    assert cfg.train.batch_size == 2 and cfg.heads.medusa.num_heads == 2  # the file wins over the defaults
     assert cfg.train.betas == [0.9, 0.95] and cfg.resume == "auto"
     assert cfg.train.grad_accum == 1  # untouched default
 
 
 def test_to_yaml_round_trip(tmp_path):
-    cfg = load_config(None, ["train.lr=3e-4", "heads.num_heads=2", "data.max_examples=10"])
-    path = tmp_path / "again.yaml"
-    path.write_text(to_yaml(cfg))
-    assert load_config(str(path)) == cfg
+    for extra in (["heads.medusa.num_heads=2"], ["heads.type=eagle3", "heads.eagle3.p_eagle.depths=4"]):
+        cfg = load_config(None, [T, "train.lr=3e-4", "data.max_examples=10", *extra])
+        path = tmp_path / "again.yaml"
+        path.write_text(to_yaml(cfg))
+        assert load_config(str(path)) == cfg
 
 
 @pytest.mark.parametrize(
@@ -83,11 +90,40 @@ def test_to_yaml_round_trip(tmp_path):
         (["train.max_steps=0"], ValueError, "train.max_steps must be > 0, or -1"),
         (["train.betas=[0.9]"], ValueError, "train.betas must be two numbers"),
         (["train.mixed_precision=fp8"], ValueError, "train.mixed_precision must be one of"),
-        (["train.decay=0"], ValueError, "train.decay must be in (0, 1]"),
-        (["heads.num_heads=0"], ValueError, "num_heads must be >= 1"),
-        (["heads.lm_head=mine"], ValueError, "lm_head must be 'target'"),
+        (["heads.medusa.decay=0"], ValueError, "heads.medusa: decay must be in (0, 1]"),
+        (["heads.medusa.num_heads=0"], ValueError, "heads.medusa: num_heads must be >= 1"),
+        (["heads.medusa.lm_head=mine"], ValueError, "bad config value for 'heads.medusa.lm_head'"),
         (["heads.type=nope"], ValueError, "heads.type 'nope' is unknown"),
-        (["heads.options.width=3"], ValueError, "heads.options has keys ['width']"),
+        (
+            ["heads.type=eagle3", "heads.eagle3.width=3"],
+            ValueError,
+            "unknown config key 'heads.eagle3.width'",
+        ),
+        # a key in the wrong block names the block it belongs in
+        (["heads.num_heads=5"], ValueError, "'num_heads' is a key of heads.medusa, not of heads"),
+        (
+            ["heads.type=eagle3", "heads.eagle3.num_heads=5"],
+            ValueError,
+            "unknown config key 'heads.eagle3.num_heads': 'num_heads' is a key of heads.medusa, not of heads.eagle3",
+        ),
+        (["train.decay=0.5"], ValueError, "'decay' is a key of heads.medusa, not of train"),
+        (["heads.ttt_steps=3"], ValueError, "'ttt_steps' is a key of heads.eagle3, not of heads"),
+        (
+            ["heads.type=eagle", "heads.medusa.num_heads=5"],
+            ValueError,
+            "heads.medusa is set but heads.type is 'eagle'",
+        ),
+        (["heads.type=eagle3", "heads.eagle3.variant=eagle4"], ValueError, "'heads.eagle3.variant'"),
+        (
+            ["heads.type=eagle3", "heads.eagle3.p_eagle.depths=1"],
+            ValueError,
+            "heads.eagle3.p_eagle.depths must be",
+        ),
+        (
+            ["heads.type=eagle3", "heads.eagle3.ttt_steps=0"],
+            ValueError,
+            "heads.eagle3: ttt_steps must be >= 1",
+        ),
         (["target.dtype=int8"], ValueError, "target.dtype must be one of"),
         (["target.name_or_path="], ValueError, "bad config value for 'target.name_or_path'"),
         (["data.format=xml"], ValueError, "data.format must be one of"),
@@ -98,7 +134,7 @@ def test_to_yaml_round_trip(tmp_path):
 )
 def test_errors_name_the_key(overrides, error, message):
     with pytest.raises(error) as e:
-        load_config(None, overrides)
+        load_config(None, [T, *overrides])
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -115,31 +151,30 @@ def test_yaml_file_errors(tmp_path):
         load_config(str(unknown))
 
 
-def test_heads_options_reach_other_head_types(monkeypatch):
-    """A new head type needs no new fields here: its own keywords go through heads.options."""
-    from heads.base import HeadConfig
-    from heads.registry import REGISTRY
+def test_every_trainable_head_type_has_a_block():
+    """Each trainable registry entry has a typed block in `HeadsConfig`, whose defaults are its config's."""
+    trainable = {n for n, e in REGISTRY.items() if getattr(e, "objective", None) is not None}
+    blocks = head_blocks()
+    assert set(blocks) == trainable
+    for name, block in blocks.items():
+        cls = REGISTRY[name].config
+        assert cls(**block().head_kwargs()) == cls(), name
 
-    @dataclasses.dataclass
-    class FakeConfig(HeadConfig):
-        head_type = "fake"
-        depth: int = 1
-        num_layers: int = 1
 
-        def __post_init__(self):
-            if self.depth < 1:
-                raise ValueError("depth must be >= 1")
-
-    fake = types.SimpleNamespace(config=FakeConfig, module=object, objective=object())  # trainable
-    monkeypatch.setitem(REGISTRY, "fake", fake)
-    h = HeadsConfig(type="fake", num_layers=2, options={"depth": 3})
-    assert h.head_kwargs() == {"num_layers": 2, "depth": 3}
-    with pytest.raises(ValueError, match="heads.num_heads does not apply to 'fake' heads"):
-        HeadsConfig(type="fake", num_heads=5)
-    with pytest.raises(ValueError, match="heads: depth must be >= 1"):
-        HeadsConfig(type="fake", options={"depth": 0})
-    with pytest.raises(ValueError, match="valid: \\['depth'\\]"):
-        HeadsConfig(type="fake", options={"width": 0})
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_eagle3_variant_and_p_eagle(variant):
+    """``variant`` names EAGLE-3.1's two options and ``p_eagle.depths`` is P-EAGLE's parallel_draft: the
+    head config they build is the one the flags built."""
+    cfg = load_config(None, [T, "heads.type=eagle3", f"heads.eagle3.variant={variant}"])
+    kwargs = cfg.heads.head_kwargs()
+    assert Eagle3Config(**kwargs).variant == variant and kwargs["parallel_draft"] == 0
+    assert (kwargs["fc_norm"], kwargs["norm_output"]) == VARIANTS[variant]
+    pe = load_config(None, [T, "heads.type=eagle3", "heads.eagle3.p_eagle.depths=6"]).heads.head_kwargs()
+    assert pe["parallel_draft"] == 6 and Eagle3Config(**pe).unroll_steps == 6
+    assert (
+        load_config(None, [T, "heads.type=eagle3", "heads.eagle3.p_eagle={}"]).heads.eagle3.p_eagle.depths
+        == 8
+    )
 
 
 def test_registered_but_untrainable_head_type(monkeypatch):
@@ -148,7 +183,7 @@ def test_registered_but_untrainable_head_type(monkeypatch):
     medusa = REGISTRY["medusa"]  # an entry without a training objective is registered, not trainable
     monkeypatch.setitem(REGISTRY, "other", types.SimpleNamespace(config=medusa.config, module=medusa.module))
     with pytest.raises(ValueError, match="training 'other' heads is not implemented yet"):
-        load_config(None, ["heads.type=other"])
+        load_config(None, [T, "heads.type=other"])
 
 
 def test_resolve_demo_names(monkeypatch):
@@ -184,7 +219,9 @@ def test_resolve_demo_names(monkeypatch):
 
 @pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
 def test_shipped_recipes(path):
-    """Each recipe loads, says how to launch it, writes down every key, and comments every key."""
+    """Each recipe loads, says how to launch it, writes down every key that applies to its head type (no
+    other head type's block, no Medusa-2 ``joint`` block for heads it does not apply to), comments every
+    key, and every repository path its comments cite exists."""
     name = os.path.relpath(path, REPO)
     cfg = load_config(path)
     with open(path) as f:
@@ -194,7 +231,7 @@ def test_shipped_recipes(path):
     assert launch and any(f"--config {name}" in line for line in lines if line.startswith("#")), name
     with open(path) as f:
         written = _dotted_keys(yaml.safe_load(f))
-    assert written == _dotted_fields(RunConfig), written ^ _dotted_fields(RunConfig)
+    assert written == _recipe_keys(cfg), written ^ _recipe_keys(cfg)
     for line in lines:
         if (
             line.strip()
@@ -203,21 +240,34 @@ def test_shipped_recipes(path):
             and not line.rstrip().endswith(":")
         ):
             assert "#" in line, f"{name}: uncommented key: {line!r}"
+    comments = " ".join(line.split("#", 1)[1] for line in lines if "#" in line)
+    cited = re.findall(
+        r"\b(?:heads|train|infer|scripts|configs|docs|results|tests|demo)/[\w./-]*\w/?", comments
+    )
+    missing = [p for p in cited if not os.path.exists(os.path.join(REPO, p))]
+    assert not missing, f"{name} cites paths that do not exist: {missing}"
     assert REGISTRY[cfg.heads.type].objective is not None  # trainable
 
 
 def test_recipe_values():
     tiny = load_config(os.path.join(REPO, "configs/demo-medusa-tiny.yaml"))
     demo = load_config(os.path.join(REPO, "configs/demo-medusa.yaml"))
-    llama = load_config(os.path.join(REPO, "configs/llama-3-8b-medusa.yaml"))
     assert (tiny.target.name_or_path, tiny.data.path, tiny.report_to) == ("demo-tiny", "demo-tiny", "none")
     assert (demo.target.name_or_path, demo.data.path, demo.report_to) == ("demo", "demo", "none")
-    # Medusa-1: lr 1e-3, cosine with 10% warm-up, bf16, 5 heads of 1 layer.
-    assert (llama.train.lr, llama.train.warmup_ratio, llama.train.mixed_precision) == (1e-3, 0.1, "bf16")
-    assert (llama.heads.num_heads, llama.heads.num_layers, llama.target.dtype) == (5, 1, "bf16")
-    assert (
-        llama.target.name_or_path == "meta-llama/Meta-Llama-3-8B-Instruct" and llama.data.format == "sharegpt"
-    )
+    # the recipes for served models: EAGLE-3.1 (and EAGLE-1 without fc bias, vLLM's layout), bf16, ShareGPT
+    for name, model, variant in [
+        ("llama-3.1-8b-eagle3", "meta-llama/Llama-3.1-8B-Instruct", "eagle3.1"),
+        ("qwen3-8b-eagle3", "Qwen/Qwen3-8B", "eagle3.1"),
+        ("llama-3.1-8b-eagle", "meta-llama/Llama-3.1-8B-Instruct", None),
+    ]:
+        cfg = load_config(os.path.join(REPO, f"configs/{name}.yaml"))
+        assert (cfg.target.name_or_path, cfg.target.dtype, cfg.train.mixed_precision) == (model, "bf16", "bf16")
+        assert cfg.data.format == "sharegpt" and cfg.output_dir == f"out/{name}"
+        kwargs = cfg.heads.head_kwargs()
+        if variant:
+            assert Eagle3Config(**kwargs).variant == variant and kwargs["parallel_draft"] == 0
+        else:
+            assert cfg.heads.type == "eagle" and kwargs["bias"] is False and kwargs["draft_vocab_size"] is None
 
 
 @pytest.mark.parametrize("stage", [2, 3])

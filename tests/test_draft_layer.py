@@ -1,4 +1,5 @@
-"""The engine-native draft layer (``heads.options.draft_layer: llama``) on many target architectures.
+"""The engine-native draft layer (``draft_layer: llama``; in a recipe ``heads.eagle.draft_layer`` or
+``heads.eagle3.draft_layer``) on many target architectures.
 
 Covers: the recorded one-layer LlamaConfig (sizes, head_dim, KV heads, RoPE, eps) and that the head's
 layer is exactly a Llama layer built from it; old-style config.json files (no ``draft_layer`` key) loading
@@ -206,7 +207,7 @@ def test_eagle3_target_layer_without_post_attention_norm_is_refused(arch):
     fresh("eagle", arch, draft_layer="target")  # EAGLE-1 keeps the target's parallel block
 
 
-# ---------------------------------------------------------------------------------------------- old heads
+# ---------------------------------------------------------------------------------------------- save / load
 
 
 def generate(m, head, seed: int = 7, n: int = 24):
@@ -224,17 +225,14 @@ def generate(m, head, seed: int = 7, n: int = 24):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_old_config_without_draft_layer_loads_as_target(kind, tmp_path):
-    """A config.json written before draft_layer existed (no key) loads as the target's own layer and drafts
+def test_target_layer_save_load_round_trip(kind, tmp_path):
+    """A head with the target's own layer saves ``draft_layer: target``, loads as that layer and drafts
     exactly as the head that was saved: same outputs, same trees accepted, same tokens."""
     m = target("qwen3")
     head = fresh(kind, "qwen3", draft_layer="target")
     save_heads(head, str(tmp_path))
-    path = tmp_path / "config.json"
-    cfg = json.load(open(path))
+    cfg = json.load(open(tmp_path / "config.json"))
     assert cfg["draft_layer"] == "target" and cfg["draft_layer_config"] is None
-    old = {k: v for k, v in cfg.items() if k not in ("draft_layer", "draft_layer_config")}
-    path.write_text(json.dumps(old))
     loaded = load_heads(str(tmp_path), m)
     assert loaded.config.draft_layer == "target" and loaded.config == head.config
     assert type(draft_layer_of(loaded)) is type(m.base_model.layers[0])

@@ -134,12 +134,10 @@ def test_aux_ids_validated():
             Eagle3Config(target_config=tc, aux_layer_ids=ids)
         assert "\n" not in str(e.value)
     assert Eagle3Config(target_config=tc, aux_layer_ids=[0, 1, 5]).aux_layer_ids == [0, 1, 5]
-    # heads saved before the check (no draft_layer key) still load, with a warning
-    old = {"head_type": "eagle3", "target_config": tc, "aux_layer_ids": [2, 3, 3]}
-    with pytest.warns(UserWarning, match="saved before"):
-        assert Eagle3Config.from_dict(old).aux_layer_ids == [2, 3, 3]
-    with pytest.raises(ValueError, match="strictly increasing"):
-        Eagle3Config.from_dict({**old, "draft_layer": "target"})
+    saved = {"head_type": "eagle3", "target_config": tc, "aux_layer_ids": [2, 3, 3]}
+    for d in (saved, {**saved, "draft_layer": "target"}):  # a config.json is checked as strictly
+        with pytest.raises(ValueError, match="strictly increasing"):
+            Eagle3Config.from_dict(d)
 
 
 def test_aux_ids_are_decoder_layer_inputs():

@@ -320,7 +320,9 @@ def test_missing_token_on_push(target, tmp_path, no_token, fake_hub):
         ):
             push()
     with pytest.raises(SystemExit, match="^error: pushing heads to the Hugging Face Hub .*needs a token"):
-        H.push_command(parse_cli(H.PushOptions, ["push", str(tmp_path / "h"), "org/m"]))  # scripts/push_heads.py
+        H.push_command(
+            parse_cli(H.PushOptions, ["push", str(tmp_path / "h"), "org/m"])
+        )  # scripts/push_heads.py
     assert fake_hub.calls == []  # nothing reached the Hub
     heads.push_to_hub("org/m", token="hf_explicit")
     assert fake_hub.calls[0][1]["token"] == "hf_explicit"
@@ -449,7 +451,7 @@ def test_training_pushes_from_the_main_process_only(tmp_path, fake_hub, monkeypa
 
     monkeypatch.setenv("HF_TOKEN", "hf_train")
     out = _make_heads("medusa", tiny_model("llama")).save_pretrained(str(tmp_path / "h"))
-    cfg = load_config(None, ["push_to_hub=true", "hub_model_id=org/run"])
+    cfg = load_config(None, ["target.name_or_path=org/model", "push_to_hub=true", "hub_model_id=org/run"])
     waits = []
     for is_main in (False, True):
         run = SimpleNamespace(is_main=is_main, cfg=cfg, print=print, step=3)
@@ -465,7 +467,9 @@ def test_training_pushes_from_the_main_process_only(tmp_path, fake_hub, monkeypa
 
     monkeypatch.setattr(HfApi, "create_commit", offline)
     train_heads.push_heads(run, out, "msg", fatal=False)  # at a checkpoint: reported, training goes on
-    with pytest.raises(RuntimeError, match=r"no network\. They are saved in .*python scripts/push_heads.py push"):
+    with pytest.raises(
+        RuntimeError, match=r"no network\. They are saved in .*python scripts/push_heads.py push"
+    ):
         train_heads.push_heads(run, out, "msg")  # at the end: the run fails, saying how to retry
 
 
@@ -487,7 +491,15 @@ def test_training_without_token_fails_at_start(tmp_path, no_token, fake_hub, fre
 def test_hub_config_keys_are_validated():
     from train.config import load_config
 
-    cfg = load_config(None, ["push_to_hub=true", "hub_model_id=org/x", "hub_strategy=every_save"])
+    cfg = load_config(
+        None,
+        [
+            "target.name_or_path=org/model",
+            "push_to_hub=true",
+            "hub_model_id=org/x",
+            "hub_strategy=every_save",
+        ],
+    )
     assert (cfg.push_to_hub, cfg.hub_model_id, cfg.hub_private, cfg.hub_strategy) == (
         True,
         "org/x",
@@ -495,11 +507,11 @@ def test_hub_config_keys_are_validated():
         "every_save",
     )
     with pytest.raises(ValueError, match="push_to_hub is true but hub_model_id is not set"):
-        load_config(None, ["push_to_hub=true"])
+        load_config(None, ["target.name_or_path=org/model", "push_to_hub=true"])
     with pytest.raises(ValueError, match="hub_strategy must be one of end, every_save; got 'always'"):
-        load_config(None, ["hub_strategy=always"])
+        load_config(None, ["target.name_or_path=org/model", "hub_strategy=always"])
     with pytest.raises(ValueError, match="hub_model_id 'org/a/b' is not a valid Hub repo id"):
-        load_config(None, ["hub_model_id=org/a/b"])
+        load_config(None, ["target.name_or_path=org/model", "hub_model_id=org/a/b"])
 
 
 def test_push_command_line_keeps_its_flags(tmp_path, capsys):
@@ -513,7 +525,9 @@ def test_push_command_line_keeps_its_flags(tmp_path, capsys):
         None,
         None,
     )
-    opts = parse_cli(H.PushOptions, ["push", "d", "org/m", "--public", "--revision", "v1", "--commit-message", "m"])
+    opts = parse_cli(
+        H.PushOptions, ["push", "d", "org/m", "--public", "--revision", "v1", "--commit-message", "m"]
+    )
     assert (opts.private, opts.revision, opts.commit_message) == (False, "v1", "m")
     assert parse_cli(H.PushOptions, ["push", "d", "org/m", "--private"]).private is True
     for argv, why in (

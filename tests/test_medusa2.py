@@ -108,7 +108,7 @@ def test_backbone_terms_and_composition():
     [
         (["joint.enabled=true", "joint.heads_coef=-0.5"], "joint.heads_coef must be >= 0, got -0.5"),
         (["joint.self_distill=true"], "joint.self_distill needs LoRA on the backbone (joint.enabled: true)"),
-        (["joint.enabled=true", "heads.type=eagle", "heads.num_heads=4"], "needs heads.type: medusa"),
+        (["joint.enabled=true", "heads.type=eagle"], "needs heads.type: medusa"),
         (
             ["joint.enabled=true", "joint.heads_coef_schedule=cosine"],
             "joint.heads_coef_schedule must be one of",
@@ -120,14 +120,14 @@ def test_backbone_terms_and_composition():
 )
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError) as e:
-        load_config(None, overrides)
+        load_config(None, ["target.name_or_path=org/model", *overrides])
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_refuses_zero3_and_an_adapted_target():
     from train.medusa2 import check_joint
 
-    cfg = load_config(None, ["joint.enabled=true"])
+    cfg = load_config(None, ["target.name_or_path=org/model", "joint.enabled=true"])
     with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3"):
         check_joint(cfg, types.SimpleNamespace(zero_stage=3))
     check_joint(cfg, types.SimpleNamespace(zero_stage=2))

@@ -1,4 +1,4 @@
-"""P-EAGLE parallel drafting (``heads.options.parallel_draft``, issue 16 item 3): the option and its saved
+"""P-EAGLE parallel drafting (``heads.eagle3.p_eagle``, issue 16 item 3): the option and its saved
 placeholders, training's slot j = the proposer's depth j+1 logits token by token, the one-forward proposer
 (its tree, its exact draft cache), greedy identity with target.generate with random and trained heads (deep
 paths accepted), batches, exact sampling (chi-square), the real train loop, and the export refusal. Tiny random
@@ -246,7 +246,7 @@ def test_train_loop_with_the_option(tiny_target, tiny_data, tmp_path):
     from train import train_heads
 
     out = str(tmp_path / "run")
-    opts = {"heads.options.parallel_draft": 3, "train.max_steps": 6, "train.eval_every": 6}
+    opts = {"heads.eagle3.p_eagle.depths": 3, "train.max_steps": 6, "train.eval_every": 6}
     run = train_heads.start(
         train_heads.load_config(None, _eagle_overrides(tiny_target, tiny_data, out, "eagle3", **opts))
     )

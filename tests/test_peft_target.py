@@ -325,10 +325,18 @@ def test_missing_adapter_paths(store, tmp_path):
 def test_target_config_keys():
     from train.config import load_config
 
-    cfg = load_config(None, ["target.adapter=org/lora", "target.merge=true", "target.adapter_revision=v1"])
+    cfg = load_config(
+        None,
+        [
+            "target.name_or_path=org/model",
+            "target.adapter=org/lora",
+            "target.merge=true",
+            "target.adapter_revision=v1",
+        ],
+    )
     assert (cfg.target.adapter, cfg.target.merge, cfg.target.adapter_revision) == ("org/lora", True, "v1")
     with pytest.raises(ValueError, match="need target.adapter"):
-        load_config(None, ["target.merge=true"])
+        load_config(None, ["target.name_or_path=org/model", "target.merge=true"])
 
 
 # ------------------------------------------------------------------------------------------ training

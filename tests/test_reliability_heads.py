@@ -237,9 +237,9 @@ def test_hub_snapshot_symlinks_into_its_own_blobs_are_inside(target, tmp_path):
     os.symlink("../../blobs/b1", snap / "config.json")
     assert inside(str(snap), "config.json") == str(snap / "config.json")
     (tmp_path / "x").write_text("")
-    os.symlink(str(tmp_path / "x"), snap / "tree.json")
+    os.symlink(str(tmp_path / "x"), snap / "inference.json")
     with pytest.raises(ValueError, match="outside the checkpoint"):
-        inside(str(snap), "tree.json")
+        inside(str(snap), "inference.json")
 
 
 # ---------------------------------------------------------------------------------------------- #7 sizes
@@ -308,16 +308,16 @@ def test_huge_weights_header_mismatch_is_one_short_line(target, tmp_path):
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"paths": [[0], [96]]}, r"tree rank 96 is beyond the vocabulary; ranks must be in \[0, 95\]"),
-        ({"paths": [[i] for i in range(5000)]}, r"the tree has 5000 nodes; allowed: \[0, 4096\]"),
+        ({"tree": [[0], [96]]}, r"tree rank 96 is beyond the vocabulary; ranks must be in \[0, 95\]"),
+        ({"tree": [[i] for i in range(5000)]}, r"the tree has 5000 nodes; allowed: \[0, 4096\]"),
     ],
 )
-def test_medusa_tree_json_ranks_and_size_are_bounded(target, tmp_path, tree, message):
+def test_medusa_saved_tree_ranks_and_size_are_bounded(target, tmp_path, tree, message):
     _medusa(target, tmp_path)
-    (tmp_path / "tree.json").write_text(json.dumps(tree))
+    (tmp_path / "inference.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message) as e:
         infer.load(target, heads=str(tmp_path))  # tree files are infer's settings (`infer.settings`)
-    assert "tree.json" in _one_line(e)
+    assert "inference.json" in _one_line(e)
 
 
 @pytest.mark.parametrize(
@@ -334,12 +334,12 @@ def test_medusa_tree_json_ranks_and_size_are_bounded(target, tmp_path, tree, mes
         ({"depth": 4, "draft_top_k": 97, "total_tokens": 16}, r"'draft_top_k' must be an int in \[1, 96\]"),
     ],
 )
-def test_eagle_tree_json_budget_is_bounded(target, tmp_path, tree, message):
+def test_eagle_saved_budget_is_bounded(target, tmp_path, tree, message):
     save_heads(EagleHead.for_target(target), str(tmp_path))
-    (tmp_path / "tree.json").write_text(json.dumps(tree))
+    (tmp_path / "inference.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message) as e:
         infer.load(target, heads=str(tmp_path))
-    assert "tree.json" in _one_line(e)
+    assert "inference.json" in _one_line(e)
 
 
 def test_check_sizes_accepts_real_configs(target):

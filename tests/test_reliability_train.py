@@ -116,22 +116,24 @@ def test_resume_refuses_another_runs_checkpoint_naming_the_keys(
     with monkeypatch.context() as mp:
         _no_data_loading(mp)
         more_heads = _refusal(
-            ["--resume", *_overrides(tiny_target, tiny_data, a, **SHORT, **{"heads.num_heads": 4})]
+            ["--resume", *_overrides(tiny_target, tiny_data, a, **SHORT, **{"heads.medusa.num_heads": 4})]
         )
         eagle = _refusal(
             [
                 "--resume",
-                *_overrides(
-                    tiny_target, tiny_data, a, **SHORT, **{"heads.type": "eagle", "heads.num_heads": 4}
-                ),
+                *_overrides(tiny_target, tiny_data, a, **SHORT, **{"heads.type": "eagle"}),
             ]
         )
-    assert "heads.num_heads: 3 -> 4" in more_heads, more_heads
+    assert "heads.medusa.num_heads: 3 -> 4" in more_heads, more_heads
     assert "heads.type: 'medusa' -> 'eagle'" in eagle, eagle
     # A new output_dir resuming from a's checkpoint with another config: refused when the checkpoint is read.
     b = str(tmp_path / "b")
-    text = _refusal(_overrides(tiny_target, tiny_data, b, resume=step2, **SHORT, **{"heads.num_heads": 4}))
-    assert f"checkpoint {step2} belongs to a run with a different config (heads.num_heads: 3 -> 4" in text
+    text = _refusal(
+        _overrides(tiny_target, tiny_data, b, resume=step2, **SHORT, **{"heads.medusa.num_heads": 4})
+    )
+    assert (
+        f"checkpoint {step2} belongs to a run with a different config (heads.medusa.num_heads: 3 -> 4" in text
+    )
 
 
 def test_unrelated_directory_is_refused_and_untouched(tiny_target, tiny_data, tmp_path, monkeypatch):
@@ -482,7 +484,9 @@ def test_overwrite_and_resume_together_are_refused(tmp_path):
     with pytest.raises(
         ValueError, match="overwrite=true deletes the run in output_dir, resume='auto' continues it"
     ):
-        load_config(None, [f"output_dir={tmp_path}", "overwrite=true", "resume=auto"])
+        load_config(
+            None, ["target.name_or_path=org/model", f"output_dir={tmp_path}", "overwrite=true", "resume=auto"]
+        )
 
 
 def test_enum_member_by_name_loads_and_other_getattr_is_refused(tmp_path):

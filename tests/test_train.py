@@ -164,7 +164,7 @@ def _overrides(target: str, data: str, out: str, **extra) -> list[str]:
         "data.path": data,
         "data.max_length": 48,
         "data.eval_fraction": 0.2,  # 8 of 40 rows held out
-        "heads.num_heads": 3,
+        "heads.medusa.num_heads": 3,
         "train.batch_size": 4,
         "train.lr": 5e-2,
         "train.max_steps": 30,
@@ -174,6 +174,8 @@ def _overrides(target: str, data: str, out: str, **extra) -> list[str]:
         "output_dir": out,
     }
     base.update(extra)
+    if base.get("heads.type", "medusa") != "medusa":  # a recipe holds only the block of its head type
+        base = {k: v for k, v in base.items() if not k.startswith("heads.medusa.")}
     return [f"{k}={v}" for k, v in base.items()]
 
 

@@ -25,10 +25,9 @@ _fresh_accelerate_state = test_train._fresh_accelerate_state
 def _eagle_overrides(target: str, data: str, out: str, head_type: str, **extra) -> list[str]:
     base = {"heads.type": head_type, "train.lr": 1e-2, "train.max_steps": 24, "train.eval_every": 8}
     if head_type == "eagle3":
-        base |= {"heads.options.draft_vocab_size": 64, "heads.options.ttt_steps": 3}
+        base |= {"heads.eagle3.draft_vocab_size": 64, "heads.eagle3.ttt_steps": 3}
     base |= extra
-    # heads.num_heads is Medusa's; EAGLE heads reject a non-default value.
-    return [o for o in _overrides(target, data, out, **base) if not o.startswith("heads.num_heads=")]
+    return _overrides(target, data, out, **base)
 
 
 def _greedy_identity(out: str, target_path: str) -> None:
@@ -48,7 +47,7 @@ def _greedy_identity(out: str, target_path: str) -> None:
 def test_eagle_run_learns_selects_best_by_tau_and_generates(
     head_type, vocab, tiny_target, tiny_data, tmp_path, monkeypatch
 ):
-    """``vocab``: EAGLE-1 with a reduced draft vocabulary (heads.options.draft_vocab_size; EAGLE-3 has 64)."""
+    """``vocab``: EAGLE-1 with a reduced draft vocabulary (heads.eagle.draft_vocab_size; EAGLE-3 has 64)."""
     from heads.base import load_heads
     from heads.graft import load_target
     from train import train_heads
@@ -67,7 +66,11 @@ def test_eagle_run_learns_selects_best_by_tau_and_generates(
         train_heads.load_config(
             None,
             _eagle_overrides(
-                tiny_target, tiny_data, out, head_type, **({"heads.options.draft_vocab_size": vocab} if vocab else {})
+                tiny_target,
+                tiny_data,
+                out,
+                head_type,
+                **({f"heads.{head_type}.draft_vocab_size": vocab} if vocab else {}),
             ),
         )
     )

@@ -1,5 +1,5 @@
 """Tree tuning (`infer.tree` greedy trees, `infer.tune` size choice), saved inference settings
-(`infer.settings`: inference.json and legacy tree.json), and `infer.tune_tree` (scripts/tune_tree.py)."""
+(`infer.settings`: inference.json), and `infer.tune_tree` (scripts/tune_tree.py)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_monotone_profile():
     assert monotone([1.0, 2.0]) == [1.0, 2.0]
 
 
-# ---------------------------------------------------------------------------------------------- tree.json
+# ---------------------------------------------------------------------------------------- inference.json
 
 
 def _medusa(tmp_path, target):
@@ -154,19 +154,15 @@ def _medusa(tmp_path, target):
     return heads
 
 
-@pytest.mark.parametrize("file", ["inference.json", "tree.json"])
-def test_tree_json_round_trip_medusa(tmp_path, one_thread, file):
-    """A tuned static tree saved with the heads (``inference.json``, or an older ``tree.json``) is what
-    `infer.load` drafts with; explicit trees still win; greedy output stays the target's."""
+def test_saved_tree_round_trip_medusa(tmp_path, one_thread):
+    """A tuned static tree saved with the heads (``inference.json``) is what `infer.load` drafts with;
+    explicit trees still win; greedy output stays the target's."""
     import infer
 
     target = tiny_model("llama")
     _medusa(tmp_path, target)
     paths = [list(p) for p in greedy_nodes(random_acc(2, depth=3), 9)[0]]
-    if file == "inference.json":
-        write_settings(str(tmp_path), {"tree": paths}, tuning={"note": "kept for the record"})
-    else:
-        (tmp_path / file).write_text(json.dumps({"paths": paths, "tuning": {"note": "kept for the record"}}))
+    write_settings(str(tmp_path), {"tree": paths}, tuning={"note": "kept for the record"})
     model = infer.load(target, heads=str(tmp_path))
     assert model.settings.tree == paths
     assert model.proposer().tree == paths
@@ -177,8 +173,7 @@ def test_tree_json_round_trip_medusa(tmp_path, one_thread, file):
     assert torch.equal(out.sequences, ref)
 
 
-@pytest.mark.parametrize("file", ["inference.json", "tree.json"])
-def test_tree_json_round_trip_eagle(tmp_path, one_thread, file):
+def test_saved_budget_round_trip_eagle(tmp_path, one_thread):
     import infer
     from heads import save_heads
     from heads.eagle import EagleHead
@@ -186,7 +181,7 @@ def test_tree_json_round_trip_eagle(tmp_path, one_thread, file):
     target = tiny_model("llama")
     torch.manual_seed(0)
     save_heads(EagleHead.for_target(target), str(tmp_path))
-    (tmp_path / file).write_text(json.dumps({"total_tokens": 7, "depth": 3, "draft_top_k": 2}))
+    (tmp_path / "inference.json").write_text(json.dumps({"total_tokens": 7, "depth": 3, "draft_top_k": 2}))
     model = infer.load(target, heads=str(tmp_path))
     prop = model.proposer()
     assert (prop.total_tokens, prop.depth, prop.top_k) == (7, 3, 2)
@@ -199,14 +194,13 @@ def test_tree_json_round_trip_eagle(tmp_path, one_thread, file):
 
 
 def test_inference_json_settings_and_precedence(tmp_path, one_thread):
-    """``inference.json`` carries any setting (here the acceptance rule), wins over a ``tree.json``
-    beside it, and is checked against the heads: budget keys for Medusa heads, unknown keys refused."""
+    """``inference.json`` carries any setting (here the acceptance rule) and is checked against the heads:
+    budget keys for Medusa heads, unknown keys refused."""
     import infer
     from infer.settings import read_settings
 
     target = tiny_model("llama")
     heads = _medusa(tmp_path, target)
-    (tmp_path / "tree.json").write_text(json.dumps({"paths": [[0]]}))
     write_settings(str(tmp_path), {"tree": [[0], [1]], "acceptance": "typical", "typical_eps": 0.2})
     model = infer.load(target, heads=str(tmp_path))
     assert model.settings.tree == [[0], [1]] and model.settings.acceptance == "typical"
@@ -283,24 +277,24 @@ def test_infer_settings_config_and_defaults_of_generate(tmp_path, one_thread):
     ("content", "message"),
     [
         ("{not json", "not valid JSON"),
-        (json.dumps({"tree": [[0]]}), "need exactly the keys"),
-        (json.dumps({"paths": [[0]], "extra": 1}), "need exactly the keys"),
-        (json.dumps({"paths": [[0], [1, 1]]}), r"invalid tree: .*no parent \[1\]"),
-        (json.dumps({"paths": [[0], [0]]}), "invalid tree: .*duplicate"),
-        (json.dumps({"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}), "needs 4 Medusa heads"),
-        (json.dumps({"paths": [[0.5]]}), "lists of int ranks"),
-        (json.dumps([[0]]), "need exactly the keys"),
+        (json.dumps({"paths": [[0]]}), r"unknown inference settings \[paths\]"),
+        (json.dumps({"tree": [[0]], "extra": 1}), r"unknown inference settings \[extra\]"),
+        (json.dumps({"tree": [[0], [1, 1]]}), r"invalid tree: .*no parent \[1\]"),
+        (json.dumps({"tree": [[0], [0]]}), "invalid tree: .*duplicate"),
+        (json.dumps({"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}), "needs 4 Medusa heads"),
+        (json.dumps({"tree": [[0.5]]}), "lists of int ranks"),
+        (json.dumps([[0]]), "unknown inference settings list"),
     ],
 )
-def test_malformed_tree_json_medusa(tmp_path, content, message):
+def test_malformed_saved_tree_medusa(tmp_path, content, message):
     import infer
 
     target = tiny_model("llama")
     _medusa(tmp_path, target)
-    (tmp_path / "tree.json").write_text(content)
+    (tmp_path / "inference.json").write_text(content)
     with pytest.raises(ValueError, match=message) as e:
         infer.load(target, heads=str(tmp_path))
-    assert "tree.json" in str(e.value)
+    assert "inference.json" in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -314,18 +308,17 @@ def test_malformed_tree_json_medusa(tmp_path, content, message):
             {"total_tokens": 8, "depth": "3", "draft_top_k": 2},
             r"'depth' must be an int in \[1, 64\], got '3'",
         ),
-        ({"total_tokens": 8, "depth": 3}, "need exactly the keys"),
-        ({"paths": [[0]]}, "need exactly the keys"),
+        ({"tree": [[0]]}, r"\['tree'\] only apply to static-tree \(Medusa\) heads"),
     ],
 )
-def test_malformed_tree_json_eagle(tmp_path, tree, message):
+def test_malformed_saved_budget_eagle(tmp_path, tree, message):
     import infer
     from heads import save_heads
     from heads.eagle import EagleHead
 
     target = tiny_model("llama")
     save_heads(EagleHead.for_target(target), str(tmp_path))
-    (tmp_path / "tree.json").write_text(json.dumps(tree))
+    (tmp_path / "inference.json").write_text(json.dumps(tree))
     with pytest.raises(ValueError, match=message):
         infer.load(target, heads=str(tmp_path))
 

@@ -68,7 +68,7 @@ def flat_config(cfg) -> dict[str, Any]:
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value and prefix != "heads.options":
+        if isinstance(value, dict) and value:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else k, v)
         elif prefix not in MUTABLE_KEYS:
@@ -83,7 +83,7 @@ def run_identity(flat: dict[str, Any]) -> str:
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 6) -> str:
-    """``"heads.num_heads: 3 -> 4, heads.type: 'medusa' -> 'eagle'"`` (at most ``limit`` keys)."""
+    """``"heads.medusa.num_heads: 3 -> 4, train.lr: 0.001 -> 0.01"`` (at most ``limit`` keys)."""
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
     parts = [f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in keys[:limit]]
     return ", ".join(parts) + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")

@@ -3,7 +3,7 @@
 A run is described by one `RunConfig`:
 
     target:  which frozen causal LM the heads graft onto        (`TargetConfig`)
-    heads:   which head type and its hyper-parameters            (`HeadsConfig`)
+    heads:   the head type and its block of options              (`HeadsConfig`)
     data:    where the training text comes from                  (`train.data.DataConfig`)
     train:   optimisation, evaluation, logging and checkpoints   (`TrainConfig`)
     joint:   Medusa-2: LoRA on the target trained with the heads (`JointConfig`, off by default)
@@ -15,6 +15,7 @@ A run is described by one `RunConfig`:
 ``key=value`` overrides (``train.lr=1e-3 output_dir=out/x``), all through OmegaConf structured
 configs, so an unknown key or a value of the wrong type is an error that names the key. Every
 dataclass checks its values in ``__post_init__`` and raises ``ValueError`` with a helpful message.
+``target.name_or_path`` has no default: every recipe names its target.
 
 The names ``demo`` and ``demo-tiny`` (target and data path) stand for the project's own small
 target and corpus, built locally and cached on first use (the `demo` package); `resolve_demo` turns them
@@ -26,14 +27,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from huggingface_hub.utils import validate_repo_id
+from omegaconf import MISSING
 
 import demo
 import heads  # noqa: F401  (importing the package registers every head type)
 from heads import config, registry
+from heads.eagle.config import EagleRecipe
+from heads.eagle3.config import Eagle3Recipe
+from heads.medusa.config import MedusaRecipe
 from train.data import DataConfig
 
 DEMO_NAMES = demo.NAMES
@@ -45,9 +51,10 @@ HUB_STRATEGIES = ("end", "every_save")
 
 @dataclass
 class TargetConfig:
-    """The frozen target LM. ``name_or_path``: a Hub id, a local directory, ``demo`` or ``demo-tiny``."""
+    """The frozen target LM. ``name_or_path`` (required): a Hub id, a local directory, ``demo`` or
+    ``demo-tiny``."""
 
-    name_or_path: str = "demo"
+    name_or_path: str = MISSING
     revision: str | None = None
     dtype: str = "auto"  # auto = as stored; fast = bf16 where native, else fp32; or bf16 / fp16 / fp32
     attn_implementation: str | None = None  # None = transformers' default (sdpa); or "eager", ...
@@ -68,27 +75,43 @@ class TargetConfig:
 
 @dataclass
 class HeadsConfig:
-    """Which draft heads to train.
+    """Which draft heads to train: ``type`` picks the head type (`heads.registry`), and the block of the same
+    name holds that type's options; the other blocks stay unset (null).
 
-    ``type`` picks the head family from the registry (`heads.registry`). ``num_heads``, ``num_layers``
-    and ``lm_head`` are Medusa's knobs (and are passed to any head type whose config has a field of
-    that name); ``options`` holds any further keyword of the head type's config class, so new head
-    types need no change here. EAGLE-1/2 (``type: eagle``): ``draft_layer``, ``w_reg``, ``w_cls``,
-    ``noise``, ``bias``. EAGLE-3 (``type: eagle3``): ``draft_layer``, ``draft_vocab_size``, ``ttt_steps``,
-    ``step_weight``, ``noise``, ``aux_layer_ids``. ``draft_layer``: ``llama`` (default; a Llama decoder
-    layer sized from the target, which vLLM and SGLang serve for any target) or ``target`` (a layer of
-    the target's own architecture). The target's sizes and config are filled in from the target itself.
+        medusa   `heads.medusa.config.MedusaRecipe`: num_heads, num_layers, lm_head, decay
+        eagle    `heads.eagle.config.EagleRecipe` (EAGLE-1/2): draft_layer, bias, w_reg, w_cls, noise,
+                 draft_vocab_size
+        eagle3   `heads.eagle3.config.Eagle3Recipe`: variant (eagle3 | eagle3.1), p_eagle (P-EAGLE's
+                 ``depths``), draft_layer, draft_vocab_size, aux_layer_ids, ttt_steps, step_weight, noise,
+                 lm_head_init
+
+    An unset block of the chosen type means that block's defaults (`block`). Every trainable head type
+    of the registry has a block (tests/test_config.py checks it). The target's sizes and config are filled
+    in from the target itself.
     """
 
     type: str = "medusa"
-    num_heads: int = 4  # Medusa: head k predicts token t+2+k
-    num_layers: int = 1  # residual blocks per head
-    lm_head: str = "target"  # "target": reuse the frozen target lm_head; "own": a trainable copy per head
-    options: dict[str, Any] = field(default_factory=dict)
+    medusa: MedusaRecipe | None = None
+    eagle: EagleRecipe | None = None
+    eagle3: Eagle3Recipe | None = None
 
     def __post_init__(self) -> None:
         self.head_config_cls()
+        blocks = head_blocks()
+        if self.type not in blocks:
+            raise ValueError(f"heads.type {self.type!r} has no options block in HeadsConfig")
+        others = [name for name in blocks if name != self.type and getattr(self, name) is not None]
+        if others:
+            raise ValueError(
+                f"heads.{others[0]} is set but heads.type is {self.type!r}: a recipe holds only the block of "
+                f"its head type (heads.{self.type}); drop heads.{others[0]} (heads.{others[0]}=null)"
+            )
         self.head_kwargs()  # validates every value by building a config of that head type
+
+    @property
+    def block(self) -> Any:
+        """The options block of ``type`` (``heads.<type>``; its defaults where it is unset)."""
+        return getattr(self, self.type) or head_blocks()[self.type]()
 
     def head_config_cls(self) -> type:
         """The head type's config class; a head type is trainable when its registry entry has an objective."""
@@ -109,40 +132,22 @@ class HeadsConfig:
 
     def head_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the head type's config class (the target's sizes are added later)."""
-        cls = self.head_config_cls()
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(HeadsConfig):
-            if f.name in ("type", "options"):
-                continue
-            value = getattr(self, f.name)
-            if f.name in names:
-                kwargs[f.name] = value
-            elif value != f.default:
-                raise ValueError(f"heads.{f.name} does not apply to {self.type!r} heads")
-        reserved = {
-            "hidden_size",
-            "vocab_size",
-            "base_model_name_or_path",
-            "target_config",
-            "draft_layer_config",
-            "embed_scale",  # measured from the target's embedding module (`heads.draft_layer.target_embed_scale`)
-        }
-        reserved |= {"target_adapter", "target_adapter_sha256"}  # set from the target (target.adapter)
-        reserved |= {"target_architecture", "target_model_type", "target_fingerprint"}  # set from the target
-        bad = sorted((set(self.options) - names) | (set(self.options) & reserved))
-        if bad:
-            valid = sorted(names - reserved - set(kwargs))
-            raise ValueError(
-                f"heads.options has keys {bad} that {self.type!r} heads do not take; "
-                + (f"valid: {valid}" if valid else f"{self.type!r} heads take no extra options")
-            )
-        kwargs.update(self.options)
+        kwargs = self.block.head_kwargs()
         try:
-            cls(**kwargs)
+            self.head_config_cls()(**kwargs)
         except ValueError as e:
-            raise ValueError(f"heads: {e}") from None
+            raise ValueError(f"heads.{self.type}: {e}") from None
         return kwargs
+
+
+def head_blocks() -> dict[str, type]:
+    """``{head type: its options block class}``: the `HeadsConfig` fields besides ``type``."""
+    hints = typing.get_type_hints(HeadsConfig)
+    return {
+        f.name: next(a for a in typing.get_args(hints[f.name]) if a is not type(None))
+        for f in dataclasses.fields(HeadsConfig)
+        if f.name != "type"
+    }
 
 
 @dataclass
@@ -159,7 +164,6 @@ class TrainConfig:
     eval_batch_size: int | None = None  # None = batch_size
     grad_accum: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # max gradient norm; 0 = no clipping
-    decay: float = 0.8  # Medusa: head k's loss is weighted by decay**k (EAGLE-3: heads.options.step_weight)
     seed: int = 0  # seeds the heads' init and the data order
     mixed_precision: str = (
         "auto"  # "auto" (bf16 on a bf16 GPU, else what the launcher says, else fp32) | no | bf16 | fp16
@@ -194,8 +198,6 @@ class TrainConfig:
         for name in ("grad_clip", "eval_every", "save_every", "save_total_limit", "num_workers"):
             if getattr(self, name) < 0:
                 problems.append(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.decay <= 1:
-            problems.append(f"train.decay must be in (0, 1], got {self.decay}")
         if self.mixed_precision not in MIXED_PRECISION:
             problems.append(
                 f"train.mixed_precision must be one of {', '.join(MIXED_PRECISION)}; got {self.mixed_precision!r}"
@@ -238,7 +240,7 @@ HEADS_COEF_SCHEDULES = ("constant", "linear", "sine")
 class JointConfig:
     """Medusa-2 joint training (Cai et al. 2024, §2.3): LoRA on the backbone (``peft``) + the heads.
 
-    loss = L_backbone + heads_coef(s) · Σ_k decay**k · L_k, where L_backbone is KL(p_original ‖ p_adapted)
+    loss = L_backbone + heads_coef(s) · Σ_k decay**k · L_k (decay: ``heads.medusa.decay``), where L_backbone is KL(p_original ‖ p_adapted)
     with ``self_distill`` (the original = the same model with its adapter disabled) and next-token CE
     without. heads_coef(s) warms up over ``heads_coef_warmup_steps`` joint steps: constant = heads_coef;
     linear = heads_coef · min(1, s/W); sine = heads_coef · sin(π/2 · min(1, s/W)). The first

@@ -1,7 +1,7 @@
 """``accelerate launch`` for train/train_heads.py with one-line errors: the same arguments, the same launchers.
 
     python -m train.launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes 8 \
-        train/train_heads.py --config configs/llama-3-8b-medusa.yaml [key=value ...]
+        train/train_heads.py --config configs/llama-3.1-8b-eagle3.yaml [key=value ...]
 
 ``accelerate launch`` answers any failed training process with a traceback of its own (its single-process
 launcher raises ``CalledProcessError``; the multi-process one, torch elastic, raises ``ChildFailedError``

@@ -168,7 +168,7 @@ def joint_batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[s
     heads_only = training and run.step < jc.heads_only_steps
     teacher = not training or (jc.self_distill and not heads_only)
     out = run.heads(ids, am, teacher=teacher, backbone_grad=not heads_only)
-    heads_loss, m = medusa_loss(out["head_logits"], ids, lm, run.cfg.train.decay)
+    heads_loss, m = medusa_loss(out["head_logits"], ids, lm, run.head_config.decay)
     if heads_only:
         return medusa2_loss(None, heads_loss, 1.0), m
     bb = backbone_stats(out["logits"], ids, lm, out["teacher_logits"])

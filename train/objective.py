@@ -29,7 +29,7 @@ def num_positions(cfg: Any) -> int:
 def position_weights(run: Run) -> list[float]:
     """Weight of each position's loss in the total (what `batch_loss` sums)."""
     cfg = run.head_config
-    return registry.get(cfg.head_type).objective.weights(cfg, run.cfg.train.decay)
+    return registry.get(cfg.head_type).objective.weights(cfg)
 
 
 def position_name(run: Run) -> str:
@@ -54,7 +54,7 @@ def target_forward(run: Run, batch: dict[str, Tensor]) -> TargetOutput:
 
 
 def loss_inputs(run: Run) -> LossInputs:
-    return LossInputs(lm_head=run.lm_head, embed=run.target.get_input_embeddings(), decay=run.cfg.train.decay)
+    return LossInputs(lm_head=run.lm_head, embed=run.target.get_input_embeddings())
 
 
 def batch_loss(run: Run, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:

@@ -67,7 +67,6 @@ from heads.draft_config import (
     target_config_dict,
     validate_embed_scale,
     validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.draft_layer import (
     build_draft_layer,
@@ -116,5 +115,4 @@ __all__ = [
     "target_logit_transform",
     "validate_embed_scale",
     "validate_target_config",
-    "with_legacy_draft_layer",
 ]

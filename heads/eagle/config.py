@@ -1,7 +1,9 @@
-"""The EAGLE-1/2 head config (what ``config.json`` holds besides `heads.base.HeadConfig`'s fields)."""
+"""The EAGLE-1/2 head config (what ``config.json`` holds besides `heads.base.HeadConfig`'s fields) and its
+block of a training recipe (``heads.eagle``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -13,7 +15,6 @@ from heads.draft_config import (
     resolve_draft_layer,
     validate_embed_scale,
     validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.vocab import check_draft_vocab_size
 
@@ -26,7 +27,6 @@ class EagleConfig(HeadConfig):
         the draft layer is rebuilt from it, so loading never needs the target itself.
     draft_layer: ``"llama"`` (default: a Llama decoder layer sized from the target, which the engines
         rebuild) or ``"target"`` (a layer of the target's own architecture); see `heads.draft_layer`.
-        A config.json without the key (heads saved before it existed) loads as ``"target"``.
     draft_layer_config: the ``LlamaConfig`` keyword arguments of a ``"llama"`` layer, resolved from
         ``target_config`` by `heads.draft_layer.llama_layer_config` and saved (None for ``"target"``).
     embed_scale: the factor by which the target's embedding module scales its weight rows (Gemma:
@@ -69,11 +69,6 @@ class EagleConfig(HeadConfig):
             self.draft_vocab_size = None  # the full vocabulary: no map, the pre-option checkpoint layout
         check_draft_vocab_size(self.draft_vocab_size, self.vocab_size)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EagleConfig:
-        """As `HeadConfig.from_dict`; a config without ``draft_layer`` (saved before it existed) is ``"target"``."""
-        return super().from_dict(with_legacy_draft_layer(d))
-
     @property
     def draft_vocab(self) -> int:
         """Tokens the draft scores: ``draft_vocab_size``, or the target's vocab size."""
@@ -86,3 +81,20 @@ class EagleConfig(HeadConfig):
     def check_target(self, target: nn.Module) -> None:
         super().check_target(target)
         check_target_arch(self, target)
+
+
+@dataclass
+class EagleRecipe:
+    """``heads.eagle`` in a training recipe: the `EagleConfig` fields a run chooses (the target's sizes and
+    config come from the target)."""
+
+    draft_layer: Literal["llama", "target"] = "llama"  # llama: served by vLLM/SGLang for any target
+    bias: bool = True  # fc has a bias (EAGLE-1 checkpoints); vLLM's EAGLE-1 draft has none
+    w_reg: float = 1.0  # weight of the SmoothL1 regression onto the target's next feature
+    w_cls: float = 0.1  # weight of the soft-label CE against the target's next-token distribution
+    noise: float = 0.1  # training-time feature noise U(-noise, noise); 0 = off
+    draft_vocab_size: int | None = None  # a reduced draft vocabulary (d2t); null = the target's
+
+    def head_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `EagleConfig`."""
+        return dataclasses.asdict(self)

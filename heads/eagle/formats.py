@@ -100,14 +100,14 @@ def resolve_embed_scale(cfg: dict[str, Any], target: nn.Module | None = None) ->
     return 1.0
 
 
-# Why EAGLE-1 heads with a reduced draft vocabulary (``heads.options.draft_vocab_size``) are not exported.
+# Why EAGLE-1 heads with a reduced draft vocabulary (``heads.eagle.draft_vocab_size``) are not exported.
 REDUCED_VOCAB_REFUSAL = {
     "vllm": "cannot export EAGLE-1 heads with a reduced draft vocabulary (draft_vocab_size) to vLLM: its EAGLE-1 "
     "draft (EagleLlamaForCausalLM) scores the target's full vocabulary and has no d2t (draft_id_to_target_id is "
-    "EAGLE-3's only); train without heads.options.draft_vocab_size to serve with vLLM",
+    "EAGLE-3's only); train without heads.eagle.draft_vocab_size to serve with vLLM",
     "sglang": "cannot export EAGLE-1 heads with a reduced draft vocabulary (draft_vocab_size) to SGLang yet: SGLang "
     "takes an EAGLE-1 draft vocabulary only from the server flag --speculative-token-map (FR-Spec), which this "
-    "export does not write; train without heads.options.draft_vocab_size to serve with SGLang",
+    "export does not write; train without heads.eagle.draft_vocab_size to serve with SGLang",
 }
 
 
@@ -122,7 +122,7 @@ def eagle_to_engine(
     has a bias, so a bias-free head gets a zero ``fc.bias`` (the same function; without it SGLang keeps
     its random init). vLLM's ``EagleLlamaForCausalLM`` builds ``fc`` without a bias and skips weights it
     has no parameter for, so a head with a non-zero bias cannot be served by vLLM and is refused
-    (train with ``heads.options.bias=false``, or serve with SGLang). No ``bias`` key is written: SGLang's
+    (train with ``heads.eagle.bias=false``, or serve with SGLang). No ``bias`` key is written: SGLang's
     Llama layer reads ``config.bias`` as *attention* bias.
 
     Embedding scale: both engines feed the draft the target's raw embedding rows W[x] (vLLM shares the
@@ -152,7 +152,7 @@ def eagle_to_engine(
                 raise ValueError(
                     "cannot export EAGLE heads with an fc bias to vLLM: vLLM's EAGLE draft "
                     "(EagleLlamaForCausalLM) builds fc without a bias and would silently drop it. Train with "
-                    "heads.options.bias=false for vLLM, or export --to sglang"
+                    "heads.eagle.bias=false for vLLM, or export --to sglang"
                 )
             del out["fc.bias"]
         arch = "LlamaForCausalLM"  # vLLM maps it to EagleLlamaForCausalLM for method "eagle"

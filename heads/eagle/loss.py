@@ -164,7 +164,7 @@ def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor
 OBJECTIVE = Objective(
     position_name="step",
     positions=lambda cfg: 1,
-    weights=lambda cfg, decay: [1.0],  # the position's loss already is w_reg * reg + w_cls * cls
+    weights=lambda cfg: [1.0],  # the position's loss already is w_reg * reg + w_cls * cls
     target_kwargs=lambda cfg: {},
     loss=_objective_loss,
 )

@@ -1,10 +1,10 @@
-"""The EAGLE-3 head config and its aux layer ids (see `heads.eagle3`); the draft vocabulary map is
+"""The EAGLE-3 head config, its aux layer ids (see `heads.eagle3`) and its block of a training recipe
+(``heads.eagle3``: the EAGLE-3.1 variant and P-EAGLE named as such); the draft vocabulary map is
 `heads.vocab`'s (re-exported here)."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -17,17 +17,29 @@ from heads.draft_config import (
     resolve_draft_layer,
     validate_embed_scale,
     validate_target_config,
-    with_legacy_draft_layer,
 )
 from heads.graft import num_layers
 from heads.vocab import build_vocab_map, check_draft_vocab_size, count_tokens
 
-__all__ = ["Eagle3Config", "build_vocab_map", "check_aux_ids", "count_tokens", "default_aux_layer_ids"]
+__all__ = [
+    "VARIANTS",
+    "Eagle3Config",
+    "Eagle3Recipe",
+    "PEagleRecipe",
+    "build_vocab_map",
+    "check_aux_ids",
+    "count_tokens",
+    "default_aux_layer_ids",
+]
 
 MAX_PARALLEL_DRAFT = 32  # P-EAGLE slots per forward: bounded before anything is sized from a config.json
-
-# True while `Eagle3Config.from_dict` reads a config saved before aux ids were checked (see `check_aux_ids`).
-_LEGACY_AUX_IDS = contextvars.ContextVar("selfspec_legacy_aux_ids", default=False)
+# EAGLE-3 variant name -> (fc_norm, norm_output); "eagle3.1" has both (`Eagle3Config.variant`)
+VARIANTS: dict[str, tuple[bool, bool]] = {
+    "eagle3": (False, False),
+    "eagle3.1": (True, True),
+    "eagle3+fc_norm": (True, False),
+    "eagle3+norm_output": (False, True),
+}
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -44,8 +56,8 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 
 def check_aux_ids(ids: list[int], L: int) -> None:
     """Raise ``ValueError`` (one line) unless ``ids`` are 3 distinct, strictly increasing inputs of layers of an
-    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there
-    (and for heads saved before this check) a non-decreasing repeat only warns that no engine serves it."""
+    L-layer target (0 <= id <= L-1). A target of fewer than 3 layers cannot have 3 distinct ones: there a
+    non-decreasing repeat only warns that no engine serves it."""
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
         raise ValueError(
@@ -54,13 +66,10 @@ def check_aux_ids(ids: list[int], L: int) -> None:
         )
     if ids[0] < ids[1] < ids[2]:
         return
-    legacy = _LEGACY_AUX_IDS.get()
-    if (L < 3 and ids == sorted(ids)) or legacy:
-        why = (
-            f"a {L}-layer target has no 3 distinct layer inputs" if L < 3 else "saved before ids were checked"
-        )
+    if L < 3 and ids == sorted(ids):
         warnings.warn(
-            f"aux_layer_ids {ids} are not strictly increasing ({why}): these EAGLE-3 heads run in "
+            f"aux_layer_ids {ids} are not strictly increasing (a {L}-layer target has no 3 distinct layer "
+            "inputs): these EAGLE-3 heads run in "
             "infer.generate, but vLLM and SGLang capture distinct layers in increasing order and cannot serve them",
             stacklevel=4,
         )
@@ -71,22 +80,13 @@ def check_aux_ids(ids: list[int], L: int) -> None:
     )
 
 
-@contextlib.contextmanager
-def _legacy_aux_ids():
-    token = _LEGACY_AUX_IDS.set(True)
-    try:
-        yield
-    finally:
-        _LEGACY_AUX_IDS.reset(token)
-
-
 @dataclass
 class Eagle3Config(HeadConfig):
     """EAGLE-3 head config.
 
     target_config: the target's text config as a dict (as `heads.eagle.EagleConfig`).
     draft_layer, draft_layer_config: the draft decoder layer, as `heads.eagle.EagleConfig` (``"llama"``
-        by default; a config.json without the key loads as ``"target"``).
+        by default).
     embed_scale: the target embedding module's scale, as `heads.eagle.EagleConfig` (recorded for exports).
     aux_layer_ids: three ``hidden_states`` indices (inputs of those decoder layers, low < mid < high,
         see `check_aux_ids`); None = `default_aux_layer_ids` (resolved as soon as ``target_config`` is
@@ -101,13 +101,14 @@ class Eagle3Config(HeadConfig):
     norm_output: EAGLE-3.1's post-norm feedback: the draft's output is h = norm(o) (its final norm applied
         once), the logits are lm_head(h), and the next draft step (TTT step or tree depth) is fed h instead
         of the pre-norm o, so the fed-back feature keeps one scale across depths. False (default): EAGLE-3
-        (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`); the names are vLLM
-        speculators' ``Eagle3SpeculatorConfig`` fields, which SGLang/SpecForge share.
+        (o is fed back, logits = lm_head(norm(o))). Both True = EAGLE-3.1 (`variant`; a recipe says
+        ``heads.eagle3.variant: eagle3.1``); the names are vLLM speculators' ``Eagle3SpeculatorConfig``
+        fields, which SGLang/SpecForge share.
     parallel_draft: P-EAGLE parallel drafting over K = parallel_draft depths (0 = off, else 2..32): one
         draft forward proposes all K depths of a chain, its slots 1..K-1 fed the learned placeholders
         ``mask_embed`` / ``mask_hidden`` [H] instead of a drafted token and feature (see
-        `heads.eagle3.module`). Training scores slot j as TTT step j (the unroll length is K, and
-        ``ttt_steps`` is not read); the proposer drafts at most K depths.
+        `heads.eagle3.module`; a recipe's ``heads.eagle3.p_eagle.depths``). Training scores slot j as TTT
+        step j (the unroll length is K, and ``ttt_steps`` is not read); the proposer drafts at most K depths.
     lm_head_init: how training starts the draft's own lm_head [draft_vocab, H]: ``"random"`` (default,
         normal(0, initializer_range), as EAGLE-3's reference code) or ``"target"``: the target lm_head's
         rows of the draft vocabulary's tokens (`Eagle3Head.init_lm_head_from`, after the vocabulary map is
@@ -164,15 +165,6 @@ class Eagle3Config(HeadConfig):
             self.aux_layer_ids = default_aux_layer_ids(L)
         check_aux_ids(self.aux_layer_ids, L)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
-        """As `HeadConfig.from_dict`. A config saved before ``draft_layer`` existed loads as ``"target"``,
-        and its aux ids, saved before they were checked, only warn if they repeat or are out of order."""
-        if "draft_layer" in d:
-            return super().from_dict(d)
-        with _legacy_aux_ids():
-            return super().from_dict(with_legacy_draft_layer(d))
-
     @property
     def num_target_layers(self) -> int | None:
         for key in ("num_hidden_layers", "n_layer"):  # GPT-2's config says n_layer
@@ -188,12 +180,9 @@ class Eagle3Config(HeadConfig):
 
     @property
     def variant(self) -> str:
-        """``"eagle3.1"`` when both EAGLE-3.1 options are on, ``"eagle3"`` when neither, else which one is."""
-        if self.fc_norm and self.norm_output:
-            return "eagle3.1"
-        if self.fc_norm or self.norm_output:
-            return "eagle3+" + ("fc_norm" if self.fc_norm else "norm_output")
-        return "eagle3"
+        """``"eagle3.1"`` when both EAGLE-3.1 options are on, ``"eagle3"`` when neither, else which one is
+        (the keys of `VARIANTS`)."""
+        return next(name for name, flags in VARIANTS.items() if flags == (self.fc_norm, self.norm_output))
 
     @property
     def draft_vocab(self) -> int:
@@ -209,3 +198,44 @@ class Eagle3Config(HeadConfig):
                 f"({self.base_model_name_or_path!r}) and read its layers {self.aux_layer_ids}; "
                 f"this target has {num_layers(target)} layers"
             )
+
+
+@dataclass
+class PEagleRecipe:
+    """``heads.eagle3.p_eagle``: P-EAGLE parallel drafting (`Eagle3Config.parallel_draft`)."""
+
+    depths: int = 8  # depths drafted in one forward; training unrolls this many steps
+
+    def __post_init__(self) -> None:
+        d = self.depths
+        if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= MAX_PARALLEL_DRAFT:
+            raise ValueError(
+                f"heads.eagle3.p_eagle.depths must be an int in [2, {MAX_PARALLEL_DRAFT}] (depths drafted in one "
+                f"forward; p_eagle: null drafts one depth per forward), got {d!r}"
+            )
+
+
+@dataclass
+class Eagle3Recipe:
+    """``heads.eagle3`` in a training recipe: the `Eagle3Config` fields a run chooses (the target's sizes and
+    config come from the target), with EAGLE-3.1 as ``variant: eagle3.1`` (`VARIANTS`: ``fc_norm`` and
+    ``norm_output`` on) and P-EAGLE as the ``p_eagle`` section (``parallel_draft`` = its ``depths``)."""
+
+    variant: Literal["eagle3", "eagle3.1", "eagle3+fc_norm", "eagle3+norm_output"] = "eagle3"
+    p_eagle: PEagleRecipe | None = None  # P-EAGLE: all depths of a chain in one draft forward; null = off
+    draft_layer: Literal["llama", "target"] = "llama"  # llama: served by vLLM/SGLang for any target
+    draft_vocab_size: int | None = None  # draft lm_head rows (most frequent training labels); null = all
+    aux_layer_ids: list[int] | None = None  # hidden_states indices fused; null = (2, L//2, L-3)
+    ttt_steps: int = 7  # training-time-test unroll (not read with p_eagle)
+    step_weight: float = 0.8  # step j's loss weight is step_weight**j
+    noise: float = 0.0  # feature noise U(-noise, noise); 0 = off
+    lm_head_init: Literal["random", "target"] = "random"  # target: start from the target's lm_head rows
+
+    def head_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `Eagle3Config`: ``variant`` as ``fc_norm``/``norm_output``, ``p_eagle`` as
+        ``parallel_draft``."""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fc_norm, norm_output = VARIANTS[kwargs.pop("variant")]
+        p_eagle = kwargs.pop("p_eagle")
+        parallel = p_eagle.depths if p_eagle is not None else 0
+        return kwargs | {"fc_norm": fc_norm, "norm_output": norm_output, "parallel_draft": parallel}

@@ -213,7 +213,7 @@ def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor
 OBJECTIVE = Objective(
     position_name="step",
     positions=lambda cfg: cfg.unroll_steps,
-    weights=lambda cfg, decay: [cfg.step_weight**k for k in range(cfg.unroll_steps)],
+    weights=lambda cfg: [cfg.step_weight**k for k in range(cfg.unroll_steps)],
     target_kwargs=lambda cfg: {"aux_layers": tuple(cfg.aux_layer_ids), "all_logits": True},
     loss=_objective_loss,
 )

@@ -47,7 +47,7 @@ class Eagle3Head(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
             raise NotImplementedError(
                 f"EAGLE-3 with the target's own {type(layer).__name__} (draft_layer: target) needs a "
                 "post_attention_layernorm, which its parallel attention/MLP block lacks; use "
-                "heads.options.draft_layer: llama"
+                "heads.eagle3.draft_layer: llama"
             )
         register_attention()
         layer_config._attn_implementation = ATTN_IMPLEMENTATION  # the layer's attention reads it per call
@@ -185,7 +185,7 @@ class Eagle3Head(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
     def _placeholders(self, B: int, n: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """P-EAGLE's n undrafted slots: (feature, token embedding), each [B, n, H] (the learned vectors)."""
         if not self.config.parallel_draft:
-            raise ValueError("placeholder slots need heads trained with heads.options.parallel_draft > 0")
+            raise ValueError("placeholder slots need heads trained with parallel_draft > 0 (P-EAGLE: heads.eagle3.p_eagle)")
         H = self.config.hidden_size
         return self.mask_hidden.to(dtype).expand(B, n, H), self.mask_embed.to(dtype).expand(B, n, H)
 

@@ -104,13 +104,15 @@ def _objective_loss(heads: nn.Module, out: Any, batch: dict[str, Tensor], inputs
     """`Objective.loss` for Medusa: the heads over the target's last post-norm states -> `medusa_loss`."""
     dtype = next(heads.parameters()).dtype
     logits = heads(out.hidden.to(dtype), inputs.lm_head)  # [K, B, T, V]
-    return medusa_loss(logits, batch["input_ids"], batch["loss_mask"], inputs.decay)
+    return medusa_loss(
+        logits, batch["input_ids"], batch["loss_mask"], getattr(heads, "module", heads).config.decay
+    )
 
 
 OBJECTIVE = Objective(
     position_name="head",
     positions=lambda cfg: cfg.num_heads,
-    weights=lambda cfg, decay: [decay**k for k in range(cfg.num_heads)],
+    weights=lambda cfg: [cfg.decay**k for k in range(cfg.num_heads)],
     target_kwargs=lambda cfg: {},
     loss=_objective_loss,
     top1_vs="data",  # the heads learn the data's tokens (their loss reads input_ids as labels only)
