@@ -25,8 +25,6 @@ import heads.config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
-# Recipes that the README lists while they are being added to configs/: skipped only while absent.
-PENDING = {"configs/llama-3.1-8b-eagle3.yaml", "configs/qwen3-8b-eagle3.yaml"}
 PYTHON = {"python", "python3"}
 TRAIN = "train/train_heads.py"
 
@@ -82,13 +80,11 @@ COMMANDS = [(rel, argv) for rel, argv in documented_commands() if checked(argv)]
 
 
 def _config_exists(args: list[str]) -> None:
-    """``--config FILE``: the file exists (a recipe listed as being added is skipped while it is absent)."""
+    """``--config FILE``: the file exists."""
     for i, tok in enumerate(args[:-1]):
         if tok == "--config":
             path = args[i + 1]
             if not os.path.exists(os.path.join(ROOT, path)):
-                if path in PENDING:
-                    pytest.skip(f"{path} is listed as being added to configs/")
                 pytest.fail(f"config file {path} does not exist")
 
 
