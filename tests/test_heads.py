@@ -326,7 +326,7 @@ def test_a_new_head_type_is_its_files_and_one_registry_entry(tmp_path):
             objective=Objective(
                 position_name="head",
                 positions=lambda cfg: cfg.num_heads,
-                weights=lambda cfg, decay: [1.0] * cfg.num_heads,
+                weights=lambda cfg: [1.0] * cfg.num_heads,
                 target_kwargs=lambda cfg: {},
                 loss=toy_loss,
             ),
