@@ -99,7 +99,9 @@ class RegenConfig:
     `heads.config.load` / `heads.config.parse_cli` build it (``scripts/regenerate_data.py``'s flags).
     """
 
-    target: str = field(metadata={"help": "Hub id, local model dir, or demo / demo-tiny"})
+    target: str = field(
+        metadata={"help": "Hub id, local model dir, .gguf file, or demo / demo-tiny / smollm2-135m-instruct"}
+    )
     data: str = field(
         metadata={
             "help": "local .jsonl/.json/.parquet file or directory, Hub dataset id, or demo / demo-tiny"
