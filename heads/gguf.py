@@ -132,7 +132,7 @@ def note(source: dict[str, Any]) -> str:
     )
     if hub:
         text += (
-            f" Serve them with `{hub}`: its full-precision weights differ slightly from the dequantised "
+            f" Serve them with `{hub}`: its unquantised weights differ slightly from the dequantised "
             "ones, so acceptance there may differ a little from what was measured here."
         )
     return text
@@ -141,7 +141,7 @@ def note(source: dict[str, Any]) -> str:
 def target_name(config: dict[str, Any]) -> str | None:
     """The name that loads the target heads with this ``config.json`` dict were trained on: the built-in
     name of the GGUF release they recorded (``target_gguf``; its Hub model in ``base_model_name_or_path``
-    has other, full-precision weights), else ``base_model_name_or_path``."""
+    has other, unquantised weights), else ``base_model_name_or_path``."""
     source = config.get("target_gguf")
     if isinstance(source, dict) and isinstance(source.get("builtin"), str):
         return source["builtin"]

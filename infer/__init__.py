@@ -253,7 +253,7 @@ def _recorded_target(heads_dir: str | None, heads, from_hub: bool = False) -> st
     directory that exists (the heads' own fingerprint check then refuses any other model). A local path
     recorded in heads downloaded from the Hub is not followed: it names someone else's disk."""
     where = f"{heads_dir}/config.json" if heads_dir else "the heads' config"
-    # heads trained on a built-in GGUF release name it (its Hub model has full-precision weights)
+    # heads trained on a built-in GGUF release name it (its Hub model has other, unquantised weights)
     name = gguf.target_name(read_config(heads_dir) if heads_dir else heads.config.to_dict())
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where} names no target (base_model_name_or_path): pass target=")
