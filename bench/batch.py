@@ -38,8 +38,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
 from heads import EagleHead, MedusaHeads, eagle_train_forward, run_target
-from heads.graft import resolve_demo_target
 from heads.io import atomic_text
+from heads.targets import resolve
 
 
 @dataclass
@@ -226,7 +226,7 @@ def bench_batch(opts: BenchBatchOptions, argv: list[str]) -> dict:
     """``scripts/bench_batch.py``: train the heads, measure every cell, write and print the report."""
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
-    path = resolve_demo_target("demo-tiny")
+    path = resolve("demo-tiny")
     data_dir = opts.data or os.path.join(
         os.path.dirname(path), os.path.basename(path).replace("target", "data")
     )

@@ -37,8 +37,8 @@ from transformers import AutoModelForCausalLM
 import infer
 from bench.batch import machine
 from heads import Eagle3Head, EagleHead, MedusaHeads
-from heads.graft import resolve_demo_target
 from heads.io import atomic_text
+from heads.targets import resolve
 from infer.compiled import CompiledStep
 from infer.draft import medusa_topk
 from infer.eagle_draft import draft_step
@@ -168,7 +168,7 @@ def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
 
 
 def _run(opts: BenchCompileOptions, argv: list[str], kinds: list[str]) -> dict:
-    path = resolve_demo_target("demo-tiny")
+    path = resolve("demo-tiny")
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     target.generation_config.eos_token_id = None
     counters.clear()

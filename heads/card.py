@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCard, ModelCardData
 
+from heads import gguf
 from heads.base import ADAPTER_DIR, LIBRARY_NAME, read_config
 from heads.graft import looks_local
 from heads.guard import public_name, scrub
@@ -64,7 +65,9 @@ def _describe(head_type: str) -> tuple[str, list[str], str, Any]:
 def _tau_lines(ev: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     tau = ev.get("sim_accept_length")
-    basis = "the target's argmax (what greedy verification accepts)" if ev.get("top1_vs_target") else "the data"
+    basis = (
+        "the target's argmax (what greedy verification accepts)" if ev.get("top1_vs_target") else "the data"
+    )
     if tau is not None:
         lines += [
             "",
@@ -125,6 +128,7 @@ def _adapter_lines(base: Any, adapter: str | None, has_adapter: bool) -> list[st
 
 
 def _usage_lines(base: Any, name: str, hub_base: bool) -> list[str]:
+    """``base``: the name that loads the target (`heads.gguf.target_name`)."""
     lines = ["## Usage", "", "```python", "import infer  # selfspec", ""]
     lines += [
         f'model = infer.load("{base or "<the base model>"}", heads="{name}")',
@@ -178,7 +182,11 @@ def _training_lines(train_config: dict[str, Any] | None, eval_results: dict[str,
         )
     tr = (train_config or {}).get("train") or {}
     if tr:
-        steps = f"max_steps {tr['max_steps']}" if (tr.get("max_steps") or -1) > 0 else f"{tr.get('num_epochs')} epoch(s)"
+        steps = (
+            f"max_steps {tr['max_steps']}"
+            if (tr.get("max_steps") or -1) > 0
+            else f"{tr.get('num_epochs')} epoch(s)"
+        )
         lines.append(
             f"- optimisation: AdamW, peak lr {tr.get('lr')}, {tr.get('batch_size')} sequences per process per "
             f"micro-batch, {tr.get('grad_accum')} micro-batch(es) per optimizer step, {steps}"
@@ -230,8 +238,11 @@ def model_card_text(
         f"Draft heads for speculative decoding of **`{base}`**, trained with {LIBRARY_NAME}. {_INTRO}",
         "",
     ]
+    if config.get("target_gguf"):  # trained on a quantised release: say which, and what to serve
+        lines += [f"> {gguf.note(config['target_gguf'])}", ""]
     lines += _adapter_lines(base, config.get("target_adapter"), has_adapter)
-    lines += _usage_lines(base, repo_id or "path/to/these-heads", hub_base)
+    load = gguf.target_name(config)
+    lines += _usage_lines(load, repo_id or "path/to/these-heads", hub_base or load != base)
     lines += _heads_lines(config, head_type, base)
     lines += _training_lines(train_config, eval_results)
     if eval_results and eval_results.get("top1"):

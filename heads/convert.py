@@ -39,8 +39,11 @@ from torch import Tensor, nn
 
 from heads.base import CONFIG_NAME
 from heads.formats import cpu_state, read_state_file
+from heads.gguf import note
 from heads.io import atomic_text, atomic_write
 from heads.registry import REGISTRY, Exported, ExportInputs
+
+NOTE_NAME = "README.md"  # an export of heads trained on a GGUF release: that note
 
 __all__ = [  # and EXPORT_FORMATS, SUPPORTED_EXPORTS (`__getattr__`)
     "detect_format",
@@ -153,6 +156,14 @@ def export_heads(
         atomic_write(ppath, lambda p: torch.save(state, p))
         paths.append(ppath)
     atomic_text(cpath, json.dumps(out.config, indent=2, sort_keys=True) + "\n")
+    source = heads.config.to_dict().get("target_gguf")
+    if source:  # the engine configs have no field for it: which release the heads were trained on
+        npath = os.path.join(out_dir, NOTE_NAME)
+        atomic_text(
+            npath,
+            f"# {heads.config.head_type} heads for `{heads.config.base_model_name_or_path}`\n\n{note(source)}\n",
+        )
+        paths.append(npath)
     return paths
 
 

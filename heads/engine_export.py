@@ -4,7 +4,9 @@
 The target model is loaded only when the format must hold target weights (Medusa heads that reuse the
 target's lm_head, exported to vLLM's ``MedusaModel`` or the original Medusa format) or when EAGLE-1
 heads for a Gemma-family target do not record the embedding scale the export folds in. ``--target``
-defaults to the heads' ``base_model_name_or_path``.
+defaults to the heads' ``base_model_name_or_path`` (for heads trained on a built-in GGUF target, that
+built-in name: `heads.gguf.target_name`). Heads trained on a GGUF release get its note in the export's
+``README.md`` (`heads.convert.export_heads`) and on the terminal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from heads import gguf
 from heads.base import load_heads
 from heads.config import parse_cli
 from heads.convert import EXPORT_FORMATS, export_heads, needs_embed_scale, needs_target_weights
@@ -51,7 +54,7 @@ def export(o: ExportOptions) -> list[str]:
     lm_head = target = None
     need_lm, need_scale = needs_target_weights(heads, o.to), needs_embed_scale(heads.config.to_dict())
     if need_lm or need_scale:
-        name = o.target or heads.config.base_model_name_or_path
+        name = o.target or gguf.target_name(heads.config.to_dict())
         why = "copies the target's lm_head" if need_lm else "needs the target's embedding scale (Gemma)"
         if not name:
             raise SystemExit(f"exporting {heads.config.head_type} heads to {o.to!r} {why}: pass --target")
@@ -62,6 +65,8 @@ def export(o: ExportOptions) -> list[str]:
     paths = export_heads(heads, o.out, o.to, lm_head, speculative_tokens=o.speculative_tokens, target=target)
     for path in paths:
         print(f"wrote {path} ({os.path.getsize(path) / 1e6:.2f} MB)")
+    if heads.config.target_gguf:
+        print(f"note: {gguf.note(heads.config.target_gguf)}")
     return paths
 
 

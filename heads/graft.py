@@ -26,8 +26,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
-import demo
-import demo.precision
+from heads import targets
 
 
 @dataclass
@@ -61,8 +60,8 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype:
     are printed in one line."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype or "auto"
-    if dtype == demo.precision.FAST:
-        chosen = demo.precision.fast_precision()
+    if dtype == targets.FAST:
+        chosen = targets.fast_precision()
         print(f"target dtype fast -> {chosen.line}", flush=True)
         return chosen.dtype
     aliases = {
@@ -85,15 +84,6 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
-DEMO_TARGETS = demo.NAMES  # the project's own demo target (the `demo` package)
-
-
-def resolve_demo_target(name_or_path: str) -> str:
-    """``demo`` / ``demo-tiny`` -> the demo target's directory, built and cached on first use exactly as
-    training builds it (`demo.resolve`, in ``$SELFSPEC_CACHE``); any other name as is."""
-    return demo.resolve(name_or_path)
-
-
 def load_target(
     name_or_path: str,
     *,
@@ -105,9 +95,12 @@ def load_target(
     adapter: str | None = None,
     adapter_revision: str | None = None,
     merge: bool = False,
+    gguf_file: str | None = None,
 ) -> nn.Module:
-    """Load a frozen causal LM from a Hub id, a local directory or a demo name (`resolve_demo_target`),
-    optionally with a PEFT adapter on it.
+    """Load a frozen causal LM from a Hub id, a local directory, a built-in name (``demo``, ``demo-tiny``,
+    ``smollm2-135m-instruct``) or a ``.gguf`` file (or a directory plus ``gguf_file``), optionally with
+    a PEFT adapter on it. Names and GGUF files become local checkpoints through `heads.targets.resolve`
+    (built and cached on first use).
 
     ``dtype="auto"`` keeps the dtype stored in the model's config. The model is returned in eval mode
     with ``requires_grad=False`` on every parameter. A missing local path or an unreachable Hub id is
@@ -119,7 +112,7 @@ def load_target(
     ``PeftModel`` (W x + B A x computed apart). Either way the model remembers which adapter it carries
     (`adapter_info`), so heads trained on it can check they get the same adapted target.
     """
-    name_or_path = resolve_demo_target(name_or_path)
+    name_or_path = targets.resolve(name_or_path, gguf_file=gguf_file)
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise FileNotFoundError(f"target model directory not found: {name_or_path!r}")
     kwargs = {"dtype": resolve_dtype(dtype), "revision": revision, "trust_remote_code": trust_remote_code}

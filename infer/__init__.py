@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
-from heads import load_heads, load_target, registry
+from heads import gguf, load_heads, load_target, registry, targets
 from heads.base import adapter_location, read_config, resolve_dir
-from heads.graft import DEMO_TARGETS, looks_local, resolve_demo_target
+from heads.graft import looks_local
 from heads.guard import check_sizes
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
@@ -187,7 +187,7 @@ def load(
         )
     tokenizer = None
     if isinstance(target, str):
-        target = resolve_demo_target(target)  # so the tokenizer below comes from the same directory
+        target = targets.resolve(target)  # so the tokenizer below comes from the same directory
         if adapter is None and recorded is not None:
             adapter = adapter_location(heads_dir, recorded)
         tokenizer = _maybe_tokenizer(target, revision)
@@ -253,18 +253,15 @@ def _recorded_target(heads_dir: str | None, heads, from_hub: bool = False) -> st
     directory that exists (the heads' own fingerprint check then refuses any other model). A local path
     recorded in heads downloaded from the Hub is not followed: it names someone else's disk."""
     where = f"{heads_dir}/config.json" if heads_dir else "the heads' config"
-    name = (
-        read_config(heads_dir).get("base_model_name_or_path")
-        if heads_dir
-        else heads.config.base_model_name_or_path
-    )
+    # heads trained on a built-in GGUF release name it (its Hub model has other, unquantised weights)
+    name = gguf.target_name(read_config(heads_dir) if heads_dir else heads.config.to_dict())
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where} names no target (base_model_name_or_path): pass target=")
-    if name not in DEMO_TARGETS and looks_local(name) and from_hub:
+    if not targets.is_builtin(name) and looks_local(name) and from_hub:
         raise ValueError(
             f"{where} names a local path as its target ({name!r}), not followed for Hub heads: pass target="
         )
-    if name not in DEMO_TARGETS and looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
+    if not targets.is_builtin(name) and looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
         raise ValueError(
             f"the heads were trained on {name!r} ({where}), which is not on this machine: pass target="
         )

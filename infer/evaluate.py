@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from heads import load_heads, load_target, registry
+from heads import load_heads, load_target, registry, targets
 from heads.base import read_config, resolve_dir
-from heads.graft import TargetOutput, resolve_demo_target, run_target
+from heads.graft import TargetOutput, run_target
 from heads.io import atomic_text
 from infer.settings import DEFAULTS, heads_defaults
 from infer.tree import chain
@@ -258,7 +258,7 @@ def load_all(heads_path: str, target_path: str | None, dtype: str):
     name = target_path or read_config(directory).get("base_model_name_or_path")
     if not name:
         raise ValueError(f"{directory}/config.json names no target; pass --target")
-    name = resolve_demo_target(name)  # demo / demo-tiny: the built demo target (its tokenizer too)
+    name = targets.resolve(name)  # a built-in name or GGUF file: its checkpoint (its tokenizer too)
     target = load_target(name, dtype=dtype)
     heads = load_heads(directory, target)
     p = next(target.parameters())

@@ -306,9 +306,9 @@ def test_device_check_fails_when_verification_breaks(tmp_path, monkeypatch, one_
 def tiny_demo_heads(tmp_path_factory):
     """Random Medusa heads for the tiny demo target (built and cached on first use)."""
     from heads import MedusaHeads, load_target, save_heads
-    from heads.graft import resolve_demo_target
+    from heads.targets import resolve
 
-    target = load_target(resolve_demo_target("demo-tiny"))
+    target = load_target(resolve("demo-tiny"))
     torch.manual_seed(0)
     heads = MedusaHeads.for_target(target, num_heads=2)
     heads.config.record_target(target)

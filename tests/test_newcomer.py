@@ -39,10 +39,11 @@ def test_shipped_single_process_config_makes_accelerate_launch_quiet(tmp_path):
 def demo_heads(tmp_path_factory):
     """Medusa heads (untrained) for the tiny demo target, saved the way training saves them."""
     from heads.base import save_heads
-    from heads.graft import load_target, resolve_demo_target
+    from heads.graft import load_target
     from heads.medusa import MedusaHeads
+    from heads.targets import resolve
 
-    path = resolve_demo_target("demo-tiny")
+    path = resolve("demo-tiny")
     target = load_target(path)
     torch.manual_seed(0)
     heads = MedusaHeads.for_target(target, num_heads=2)

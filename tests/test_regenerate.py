@@ -263,8 +263,8 @@ def test_demo_data_splits_resolve_to_the_demo_files(tmp_path, monkeypatch):
 
     text = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "eval", "prompts")}
     chat = {"train-chat": str(tmp_path / "train-chat.jsonl"), "eval-chat": str(tmp_path / "eval-chat.jsonl")}
-    monkeypatch.setattr(demo, "ensure_demo_data", lambda size: text)
-    monkeypatch.setattr(demo, "ensure_demo_chat_data", lambda size: chat)
+    monkeypatch.setattr(demo, "ensure_demo_data", lambda size, cache=None: text)
+    monkeypatch.setattr(demo, "ensure_demo_chat_data", lambda size, cache=None: chat)
     for split, path in (text | chat).items():
         assert R.resolve_data(cfg(tmp_path, "demo", split=split)) == (path, "train")
     with pytest.raises(ValueError, match="demo data has splits train, eval, prompts, train-chat, eval-chat"):

@@ -56,9 +56,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
+from heads import targets
 from heads.graft import load_target
 from heads.io import atomic_text
-from train.config import DEMO_NAMES
 from train.data import DataError, _load, detect_format
 from train.regen_generate import (  # noqa: F401  (generate_batch, context_length: part of this module's API)
     chat_row,
@@ -73,7 +73,6 @@ logger = logging.getLogger(__name__)
 
 INDEX_KEY = "source_index"
 META_SUFFIX = ".meta"  # not a data suffix, so a directory of outputs still loads as data
-DEMO_DATA = DEMO_NAMES  # demo / demo-tiny: the demo head-training data
 
 
 @dataclass
@@ -100,7 +99,9 @@ class RegenConfig:
     `heads.config.load` / `heads.config.parse_cli` build it (``scripts/regenerate_data.py``'s flags).
     """
 
-    target: str = field(metadata={"help": "Hub id, local model dir, or demo / demo-tiny"})
+    target: str = field(
+        metadata={"help": "Hub id, local model dir, .gguf file, or demo / demo-tiny / smollm2-135m-instruct"}
+    )
     data: str = field(
         metadata={
             "help": "local .jsonl/.json/.parquet file or directory, Hub dataset id, or demo / demo-tiny"
@@ -369,12 +370,8 @@ def regenerate(
 
 def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
     """(path or Hub id, split) for ``cfg.data``; demo / demo-tiny map to the demo data's files."""
-    if cfg.data in DEMO_DATA:
-        from demo import ensure_demo_chat_data, ensure_demo_data  # builds demo data: only when asked
-
-        files = ensure_demo_data(DEMO_DATA[cfg.data])
-        if cfg.split.endswith("-chat"):
-            files = files | ensure_demo_chat_data(DEMO_DATA[cfg.data])
+    files = targets.resolve_data(cfg.data, chat=cfg.split.endswith("-chat"))  # built on first use
+    if files is not None:
         if cfg.split not in files:
             names = ", ".join(dict.fromkeys([*files, "train-chat", "eval-chat"]))
             raise ValueError(f"demo data has splits {names}; got split {cfg.split!r}")
@@ -383,12 +380,9 @@ def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
 
 
 def load_target_and_tokenizer(cfg: RegenConfig):
-    """The frozen target (on ``cfg.device``) and its tokenizer; demo names are built on first use."""
-    path = cfg.target
-    if path in DEMO_NAMES:
-        from demo import ensure_demo_target  # builds the demo target: only when it is asked for
-
-        path = ensure_demo_target(DEMO_NAMES[path])
+    """The frozen target (on ``cfg.device``) and its tokenizer; built-in names and GGUF files are built on
+    first use (`heads.targets.resolve`)."""
+    path = targets.resolve(cfg.target)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_target(path, dtype=cfg.dtype, device=device)
     tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path))
