@@ -34,15 +34,14 @@ from typing import Any
 from huggingface_hub.utils import validate_repo_id
 from omegaconf import MISSING
 
-import demo
 import heads  # noqa: F401  (importing the package registers every head type)
-from heads import config, registry
+from heads import config, registry, targets
 from heads.eagle.config import EagleRecipe
 from heads.eagle3.config import Eagle3Recipe
 from heads.medusa.config import MedusaRecipe
 from train.data import DataConfig
 
-DEMO_NAMES = demo.NAMES
+DEMO_NAMES = targets.DEMO_NAMES
 DTYPES = ("auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
@@ -387,19 +386,20 @@ def to_yaml(cfg: RunConfig) -> str:
 
 
 def resolve_demo(cfg: RunConfig, cache: str | None = None) -> RunConfig:
-    """Replace ``demo``/``demo-tiny`` target and data names by local paths, building them on first use.
+    """Replace built-in target names (``demo``, ``demo-tiny``, ``smollm2-135m-instruct``, a ``.gguf`` file) and
+    the demo data names by local paths, building them on first use (`heads.targets`).
 
     Returns a new `RunConfig`; ``cfg`` is not modified. Call it on the main process first (building the
     demo target takes a while and writes to a shared cache).
     """
     target, data, ev = cfg.target, cfg.data, cfg.eval
-    path = demo.resolve(target.name_or_path, cache=cache)
+    path = targets.resolve(target.name_or_path, cache=cache)
     if path != target.name_or_path:
         target = dataclasses.replace(target, name_or_path=path)
-    files = demo.resolve_data(data.path, cache=cache)
+    files = targets.resolve_data(data.path, cache=cache)
     if files is not None:
         data = dataclasses.replace(data, path=files["train"], eval_path=data.eval_path or files["eval"])
-    prompts = demo.resolve_data(ev.measured_tau_prompts_file or "", cache=cache)
+    prompts = targets.resolve_data(ev.measured_tau_prompts_file or "", cache=cache)
     if prompts is not None:
         ev = dataclasses.replace(ev, measured_tau_prompts_file=prompts["prompts"])
     return dataclasses.replace(cfg, target=target, data=data, eval=ev)
