@@ -340,3 +340,31 @@ def test_sglang_gemma3_eagle3_capture_is_not_hf_hidden_states(computed):
     errors, tol, _ = _errors(computed, SGLANG_GEMMA3_CAPTURE)
     assert errors["target_out"] <= TOL and errors["aux.0"] <= TOL and errors["input_norm"] <= tol, errors
     assert errors["aux.1"] > 0.1 and errors["aux.2"] > 0.1, errors
+
+
+def test_gpu_engine_check_stops_without_a_gpu(tmp_path):
+    """`scripts/gpu_engine_check.py` parses its arguments, and where no CUDA device is visible it stops
+    with one line and exit status 2, before importing either engine or writing its report."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['gpu_engine_check.py', '--engine', 'vllm', '--target', 't', '--heads', 'h', '--prompts', 'p',"
+        f" '--out', {str(tmp_path / 'r.json')!r}]\n"
+        "try:\n    runpy.run_path('scripts/gpu_engine_check.py', run_name='__main__')\n"
+        "except SystemExit as e:\n    print('EXIT', e.code, 'vllm' in sys.modules, 'sglang' in sys.modules)\n"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": ROOT}
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.stdout.strip().splitlines()[-1:] == ["EXIT 2 False False"], (p.stdout, p.stderr[-2000:])
+    assert p.stderr.strip().splitlines() == [
+        "gpu_engine_check: no CUDA GPU here; vLLM and SGLang serve speculative decoding on GPUs only"
+    ], p.stderr
+    assert not (tmp_path / "r.json").exists()
+    bad = subprocess.run(
+        [sys.executable, "scripts/gpu_engine_check.py", "--engine", "tgi"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "invalid choice: 'tgi'" in bad.stderr, bad.stderr
