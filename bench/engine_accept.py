@@ -1,11 +1,12 @@
 """Acceptance of exported heads in vLLM and SGLang against selfspec's τ (``scripts/gpu_engine_check.py``).
 
-For trained heads and their target: the prompts are tokenised once (a row's ``messages`` through the
-tokenizer's chat template, else its ``text``); ``infer.generate`` decodes them greedily with a chain of
-``--depth`` drafts (EAGLE: depth k, top-1, k + 1 nodes; Medusa: ``infer.chain(k)``), giving selfspec's τ
-(tokens per target forward, the bonus token included). The heads are exported (``heads.convert.
-export_heads``: EAGLE-1 ``vllm`` / ``sglang``, EAGLE-3 ``speculators`` / ``sglang``, Medusa ``vllm``)
-and served on the same token ids, greedy, with the same k:
+For trained heads and their target: the prompts are tokenised once (`infer.prompts.load_prompts`: a
+row's ``messages`` through the tokenizer's chat template, else its ``text``); ``infer.generate``
+decodes them greedily with a chain of ``--depth`` drafts (EAGLE: depth k, top-1, k + 1 nodes;
+Medusa: ``infer.chain(k)``), giving selfspec's τ (tokens per target forward, the bonus token
+included). The heads are exported (``heads.convert.export_heads``: EAGLE-1 ``vllm`` / ``sglang``,
+EAGLE-3 ``speculators`` / ``sglang``, Medusa ``vllm``) and served on the same token ids, greedy, with
+the same k:
 
 - vLLM (``vllm.LLM`` with ``speculative_config`` {model, method, num_speculative_tokens: k}): mean
   acceptance length = 1 + ``vllm:spec_decode_num_accepted_tokens`` / ``vllm:spec_decode_num_drafts``
@@ -20,7 +21,8 @@ pinned dependencies rarely share an environment). The check fails (exit 1) when 
 selfspec's by more than ``--tolerance`` (relative): a head the engine computes differently (norm order,
 embedding scale, aux layers) drafts tokens the target rejects. Greedy outputs are compared too (the
 first differing token per prompt; bf16 kernels may legitimately diverge late). Without a CUDA GPU it
-stops at once with one line (exit 2): both engines serve speculative decoding on GPUs only.
+stops at once with one line (exit 2): both engines serve speculative decoding on GPUs only; so does
+an export the engine cannot serve (before the long runs).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 EXPORT_TO = {
@@ -56,8 +59,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def need_gpu() -> None:
     """Exit 2 with one line where there is no CUDA GPU (before anything is loaded)."""
-    import sys
-
     import torch
 
     if not torch.cuda.is_available():
@@ -69,16 +70,11 @@ def need_gpu() -> None:
 
 
 def prompt_ids(tokenizer, path: str, n: int) -> list[list[int]]:
-    from infer.prompts import read_prompts
+    """The first n rows as token ids (`infer.prompts.load_prompts`: chat rows through the chat template,
+    text rows whole), the same ids for selfspec and the engine."""
+    from infer.prompts import load_prompts
 
-    rows = read_prompts(path)[:n]
-    out = []
-    for row in rows:
-        if "messages" in row:
-            out.append(list(tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True)))
-        else:
-            out.append(tokenizer(row["text"])["input_ids"])
-    return out
+    return [x[0].tolist() for x in load_prompts(path, tokenizer, n, max_tokens=None, need_answer=False)]
 
 
 def selfspec_run(o: argparse.Namespace, ids: list[list[int]], model) -> dict:
@@ -173,21 +169,31 @@ def check(o: argparse.Namespace) -> dict:
 
     model = infer.load(o.target, heads=o.heads, dtype=o.dtype)
     kind = model.heads.config.head_type
-    method = "eagle" if kind == "eagle" else kind
+    method = kind  # the engines' method names are selfspec's head types (SGLang's upper-cased)
     if (o.engine, method) not in EXPORT_TO:
-        raise SystemExit(f"gpu_engine_check: {o.engine} serves no {kind} heads")
+        print(f"gpu_engine_check: {o.engine} serves no {kind} heads", file=sys.stderr)
+        raise SystemExit(2)
     tok = model.tokenizer
     if tok is None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(o.target)
     ids = prompt_ids(tok, o.prompts, o.n)
-    mine = selfspec_run(o, ids, model)
     draft = tempfile.mkdtemp(prefix="engine-draft-")
     lm = model.target.get_output_embeddings().weight if kind == "medusa" else None
-    export_heads(
-        model.heads, draft, EXPORT_TO[(o.engine, method)], lm, speculative_tokens=o.depth, target=model.target
-    )
+    try:  # before the long runs: an export the engine cannot serve is refused in one line
+        export_heads(
+            model.heads,
+            draft,
+            EXPORT_TO[(o.engine, method)],
+            lm,
+            speculative_tokens=o.depth,
+            target=model.target,
+        )
+    except ValueError as e:
+        print(f"gpu_engine_check: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    mine = selfspec_run(o, ids, model)
     del model  # the engine needs the GPU memory
     run = vllm_run if o.engine == "vllm" else sglang_run
     theirs = run(o, draft, method, ids)

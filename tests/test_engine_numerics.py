@@ -80,6 +80,7 @@ NUMERIC_CASES = [
     ("eagle3-llama-llama-vllm", "eagle3", "llama", "llama", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle3full-llama-qwen3-vllm", "eagle3full", "llama", "qwen3", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle31-llama-llama-vllm", "eagle31", "llama", "llama", "speculators", "vllm-0.33.0", "eagle3"),
+    ("eagle3-llama-phi3-vllm", "eagle3", "llama", "phi3", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle31-target-qwen3-vllm", "eagle31", "target", "qwen3", "vllm", "vllm-0.33.0", "eagle3"),
     ("eagle31-llama-llama-vllm032", "eagle31", "llama", "llama", "speculators", "vllm-0.32.0", "eagle3"),
     ("eagle-llama-llama-sglang", "eagle", "llama", "llama", "sglang", "sglang-0.5.23", "eagle"),
@@ -89,6 +90,7 @@ NUMERIC_CASES = [
     ("eagle3-llama-llama-sglang", "eagle3", "llama", "llama", "sglang", "sglang-0.5.23", "eagle3"),
     ("eagle3full-llama-qwen3-sglang", "eagle3full", "llama", "qwen3", "sglang", "sglang-0.5.23", "eagle3"),
     ("eagle31-llama-llama-sglang", "eagle31", "llama", "llama", "sglang", "sglang-0.5.23", "eagle3"),
+    ("eagle3-llama-phi3-sglang", "eagle3", "llama", "phi3", "sglang", "sglang-0.5.23", "eagle3"),
     (
         "eagle3-llama-gemma3_text-sglang",
         "eagle3",
