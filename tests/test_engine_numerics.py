@@ -370,3 +370,16 @@ def test_gpu_engine_check_stops_without_a_gpu(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "invalid choice: 'tgi'" in bad.stderr, bad.stderr
+
+
+def test_sglang_gemma3_eagle3_export_warns(tmp_path):
+    """The export says what `test_sglang_gemma3_eagle3_capture_is_not_hf_hidden_states` measures: an
+    EAGLE-3 head for a Gemma-3 target, exported for SGLang, warns; for a Llama target it does not."""
+    import warnings
+
+    gemma, llama = tiny_model("gemma3_text", num_layers=L), tiny_model("llama", num_layers=L)
+    with pytest.warns(UserWarning, match="Gemma-3 capture for aux ids > 0 lacks the residual stream"):
+        export_heads(_heads("eagle3", "llama", gemma), str(tmp_path / "g"), "sglang")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_heads(_heads("eagle3", "llama", llama), str(tmp_path / "l"), "sglang")
