@@ -144,6 +144,7 @@ def eagle3_to_sglang(
     heads trained with other ``aux_layer_ids`` on other features.
     """
     ids, _, layer, Vd, full = eagle3_common(state, cfg, "sglang")
+    _warn_sglang_gemma3(cfg, ids)
     out = eagle3_layer_state(state, "midlayer.", full)
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -157,6 +158,20 @@ def eagle3_to_sglang(
         "base_model_name_or_path": cfg.get("base_model_name_or_path"),
     }
     return config, out
+
+
+def _warn_sglang_gemma3(cfg: dict[str, Any], ids: list[int]) -> None:
+    """SGLang 0.5.23's Gemma-3 forward keeps the residual apart across layers, and its EAGLE-3 capture
+    records the block output before layer i, not the residual stream HF's ``hidden_states[i]`` holds
+    (the heads' training features); only id 0 (the embedding output) agrees. It still loads and serves
+    the draft, so warn (tests/test_engine_numerics.py measures the difference)."""
+    mt = str((cfg.get("target_config") or {}).get("model_type", ""))
+    if mt.startswith("gemma3") and any(i > 0 for i in ids):
+        warnings.warn(
+            f"SGLang serves EAGLE-3 heads on a {mt!r} target with other features than they were trained on: "
+            "its Gemma-3 capture for aux ids > 0 lacks the residual stream, so expect low acceptance",
+            stacklevel=3,
+        )
 
 
 def eagle3_to_speculators(
