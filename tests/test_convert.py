@@ -625,8 +625,21 @@ def test_export_cli(tmp_path, capsys):
         cli.main(["--heads", str(tmp_path / "heads"), "--to", "sglang", "--out", str(tmp_path / "x")])
 
 
+def test_committed_engine_table_is_the_scripts_output():
+    """results/engine-support/table.md is what scripts/engine_table.py writes from the committed
+    results.json (which tests/test_engines.py's run produced; its slow test compares a fresh run)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import engine_table
+
+    with open(os.path.join(root, "results", "engine-support", "results.json")) as f:
+        doc = json.load(f)
+    with open(os.path.join(root, "results", "engine-support", "table.md")) as f:
+        assert engine_table.render(doc) == f.read()
+
+
 def test_readme_quotes_the_engine_support_table():
-    """The README's engine table is the one tests/test_engines.py generated from the engines' loaders."""
+    """The README's engine table is results/engine-support/table.md (from the engines' loaders)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "results", "engine-support", "table.md")) as f:
         table = f.read()
