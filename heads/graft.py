@@ -331,15 +331,25 @@ def run_target(
     return TargetOutput(logits=out.logits, hidden=hs[-1], aux=tuple(hs[i] for i in aux_layers))
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM (or a PeftModel around one): the ``nn.ModuleList`` of
-    ``num_hidden_layers`` modules directly under its base model (``model.layers``, GPT-2's ``h``...)."""
+def _decoder(model: nn.Module) -> tuple[nn.Module, nn.ModuleList]:
+    """(the module that runs the decoder layers, those layers): the base model and its ``nn.ModuleList``
+    of ``num_hidden_layers`` modules (``model.layers``, GPT-2's ``h``...), or a child of the base model
+    that holds them (OPT's ``model.decoder``, which its causal LM calls directly, past the base model).
+    """
     base = unwrap_peft(model).base_model
     n = num_layers(model)
-    for child in base.children():
-        if isinstance(child, nn.ModuleList) and len(child) == n:
-            return child
+    for owner in (base, *base.children()):
+        for child in owner.children():
+            if isinstance(child, nn.ModuleList) and len(child) == n:
+                return owner, child
     raise ValueError(f"cannot find the {n} decoder layers of {type(base).__name__}")
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM (or a PeftModel around one): the ``nn.ModuleList`` of
+    ``num_hidden_layers`` modules under its base model (``model.layers``, GPT-2's ``h``, OPT's
+    ``model.decoder.layers``)."""
+    return _decoder(model)[1]
 
 
 @functools.lru_cache(maxsize=32)
@@ -359,7 +369,7 @@ def run_target_lean(
     """`run_target` for inference: logits of the last ``logits_to_keep`` positions only (0: all), and
     only the hidden states the heads read, caught with forward hooks instead of ``output_hidden_states``.
 
-    Returns logits [B, logits_to_keep, V] (or [B, T, V]), hidden [B, T, H] (the base model's output:
+    Returns logits [B, logits_to_keep, V] (or [B, T, V]), hidden [B, T, H] (the decoder's output:
     the last layer after the final norm, = ``hidden_states[-1]``), aux [B, T, H] per requested
     ``hidden_states`` index i (the input of decoder layer i; i = num_layers is ``hidden``). The model's
     own head runs with ``logits_to_keep``, so final soft-capping or logit scaling still applies; a model
@@ -383,8 +393,15 @@ def run_target_lean(
 
         return hook
 
-    handles = [inner.base_model.register_forward_hook(catch_output)]
-    layers = decoder_layers(inner) if any(i < n for i in ids) else []
+    # The module that runs the layers gives the final state (final norm, OPT's project_out included):
+    # a causal LM may call it past its base model (OPT), so the base model's own hook would not fire.
+    try:
+        owner, layers = _decoder(inner)
+    except ValueError:
+        if any(i < n for i in ids):
+            raise
+        owner, layers = inner.base_model, []
+    handles = [owner.register_forward_hook(catch_output)]
     handles += [layers[i].register_forward_pre_hook(catch_input(i), with_kwargs=True) for i in ids if i < n]
     if "cache" in forward_kwargs:
         forward_kwargs[_cache_kwarg(type(inner))] = forward_kwargs.pop("cache")

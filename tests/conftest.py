@@ -34,11 +34,12 @@ ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
 # Architectures the EAGLE heads' Llama draft layer (draft_layer: llama) is tested on:
 # ARCHS, plus GPT-NeoX, Falcon, OLMo-2, Cohere, Phi (phi-1/2), StarCoder2, Granite, two mixture-of-experts
 # targets, Gemma-3 text (mixed sliding / full layers, a window shorter than the test contexts) and
-# EXAONE-4 (post-norm layers with q/k norms, sliding / full).
+# EXAONE-4 (post-norm layers with q/k norms, sliding / full), and OPT (learned positions, its decoder called
+# past the base model, its final norm inside that decoder).
 DRAFT_ARCHS = [
     *ARCHS,
     *("gpt_neox", "falcon", "olmo2", "cohere", "phi", "starcoder2", "granite"),
-    *("qwen2_moe", "mixtral", "gemma3_text", "exaone4"),
+    *("qwen2_moe", "mixtral", "gemma3_text", "exaone4", "opt"),
 ]
 
 
@@ -134,6 +135,15 @@ def _draft_only_config(arch: str, heads: dict, common: dict):
             sliding_window=8,
             layer_types=["sliding_attention", "full_attention"] * (heads["num_hidden_layers"] // 2)
             + ["full_attention"] * (heads["num_hidden_layers"] % 2),
+            **common,
+        )
+    if arch == "opt":  # learned positions, ReLU MLP, the final norm inside the decoder the LM calls directly
+        return tf.OPTConfig(
+            hidden_size=H,
+            ffn_dim=heads["intermediate_size"],
+            num_hidden_layers=heads["num_hidden_layers"],
+            num_attention_heads=4,
+            max_position_embeddings=256,
             **common,
         )
     raise ValueError(arch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -624,8 +625,22 @@ def test_export_cli(tmp_path, capsys):
         cli.main(["--heads", str(tmp_path / "heads"), "--to", "sglang", "--out", str(tmp_path / "x")])
 
 
+def test_committed_engine_table_is_the_scripts_output():
+    """results/engine-support/table.md is what scripts/engine_table.py writes from the committed
+    results.json (which tests/test_engines.py's run produced; its slow test compares a fresh run)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import engine_table
+
+    with open(os.path.join(root, "results", "engine-support", "results.json")) as f:
+        doc = json.load(f)
+    with open(os.path.join(root, "results", "engine-support", "table.md")) as f:
+        assert engine_table.render(doc) == f.read()
+
+
 def test_readme_quotes_the_engine_support_table():
-    """docs/serving.md's engine table is the one tests/test_engines.py generated from the engines' loaders."""
+    """docs/serving.md's engine table is results/engine-support/table.md (written by scripts/engine_table.py
+    from tests/test_engines.py's results)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "results", "engine-support", "table.md")) as f:
         table = f.read()
@@ -654,8 +669,8 @@ def test_llama_layer_export_describes_the_trained_layer(tmp_path, arch):
 # ---------------------------------------------------------------------------------------------- Gemma embedding scale
 
 
-def gemma_eagle(**kw) -> EagleHead:
-    return randomise(EagleHead.for_target(target("gemma2"), bias=False, **kw), 21)
+def gemma_eagle(arch: str = "gemma2", **kw) -> EagleHead:
+    return randomise(EagleHead.for_target(target(arch), bias=False, **kw), 21)
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -733,11 +748,12 @@ def test_gemma_eagle3_input_norm_cancels_the_scale_up_to_eps():
 
 
 def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
-    """Gemma EAGLE-1 heads without embed_scale: the CLI loads the target for it, and the fc is the fold."""
+    """Gemma EAGLE-1 heads without embed_scale: the CLI loads the target for it, and the fc is the fold
+    (Gemma-3, whose EAGLE-1 drafts both engines serve)."""
     from heads import engine_export as cli  # what scripts/export_heads.py runs
 
-    target("gemma2").save_pretrained(tmp_path / "target")
-    head = gemma_eagle()
+    target("gemma3_text").save_pretrained(tmp_path / "target")
+    head = gemma_eagle("gemma3_text")
     export_heads(head, str(tmp_path / "recorded"), "vllm")
     head.config.embed_scale = None
     head.config.base_model_name_or_path = None
@@ -749,6 +765,54 @@ def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
     assert "embedding scale" in capsys.readouterr().out
     fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "out")]
     assert torch.equal(*fc)
+
+
+def _unserved_case_ids() -> dict[str, tuple[str, str, str]]:
+    """tests/engines/cases.py's pairs that the engines' own code refuses: id -> (head type, arch, --to)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
+    from cases import CASES, NOT_SERVED
+
+    return {c[0]: (c[1], c[3], c[4]) for c in CASES if c[0] in NOT_SERVED}
+
+
+def test_unserved_exports_are_the_pairs_the_engines_refuse():
+    """The CLI's refusals (`heads.engine_export.UNSERVED`) are exactly the pairs test_engines.py finds
+    refused in the engines' own code (``vllm`` being EAGLE-3's alias of ``speculators``)."""
+    from heads.engine_export import UNSERVED
+
+    refused = set(_unserved_case_ids().values())
+    aliased = {(h, a, "vllm") for h, a, to in refused if h == "eagle3" and to == "speculators"}
+    assert set(UNSERVED) == refused | aliased
+
+
+@pytest.mark.parametrize(
+    ("kind", "arch", "to"),
+    [("eagle", "gemma2", "vllm"), ("eagle", "gemma2", "sglang"), ("eagle3", "gemma2", "speculators"),
+     ("eagle3", "gemma2", "sglang"), ("eagle3", "gemma3_text", "vllm")],
+)  # fmt: skip
+def test_export_cli_refuses_pairs_no_engine_serves(tmp_path, monkeypatch, kind, arch, to):
+    """Gemma-2 EAGLE / EAGLE-3 drafts (and Gemma-3 EAGLE-3 for vLLM): one line naming the engine class
+    that lacks the hook, before the target is loaded or anything is written."""
+    from heads import engine_export as cli  # what scripts/export_heads.py runs
+
+    head = (
+        gemma_eagle(arch) if kind == "eagle" else Eagle3Head.for_target(target(arch), aux_layer_ids=[0, 2, 3])
+    )
+    save_heads(head, str(tmp_path / "heads"))
+    monkeypatch.setattr(cli, "load_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    with pytest.raises(ValueError, match=rf"not exporting {kind} heads for a '{arch}' target to '{to}'") as e:
+        cli.main(["--heads", str(tmp_path / "heads"), "--to", to, "--out", str(tmp_path / "out")])
+    assert "\n" not in str(e.value) and "ForCausalLM" in str(e.value)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_export_cli_exports_gemma3_eagle3_for_sglang(tmp_path):
+    """The pair of the same family that SGLang does serve is exported."""
+    from heads import engine_export as cli
+
+    save_heads(Eagle3Head.for_target(target("gemma3_text"), aux_layer_ids=[0, 2, 3]), str(tmp_path / "heads"))
+    paths = cli.main(["--heads", str(tmp_path / "heads"), "--to", "sglang", "--out", str(tmp_path / "out")])
+    assert {os.path.basename(p) for p in paths} == {"config.json", "model.safetensors"}
 
 
 def test_embed_scale_is_the_modules_own_factor_in_its_dtype():

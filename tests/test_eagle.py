@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -620,20 +621,52 @@ def test_greedy_identity_deep_chains(arch, vocab):
     assert longest >= 5
 
 
+def check_exact_sampling(model, m, ids: torch.Tensor, samples: int = 300) -> None:
+    """Sampling through ``model`` (heads on target ``m``) against facts known without the sampler:
+
+    - top-k 1 leaves one token per position, so sampling must give target.generate's greedy output,
+      with drafts accepted (a sampler that takes tokens from the draft, or accepts unchecked, fails);
+    - at T = 0.7 / top-k 3, the first two new tokens (the prefill's, then the first tree step's, where
+      acceptance and the residual act) must follow the target's own law P(x1) P(x2 | x1), computed by
+      enumeration from its warped softmax: Pearson chi-square over ``samples`` draws (the 9 cells)."""
+    from test_distribution import ALPHA, chi2_pvalue, warp_probs
+
+    g = torch.Generator().manual_seed(0)
+    out = infer.generate(model, ids, max_new_tokens=30, do_sample=True, top_k=1, generator=g, eos_token_id=[])
+    assert torch.equal(out.sequences, m.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None))
+    assert max(out.stats.accepted_lengths) >= 3, out.stats.accepted_lengths
+    warp = {"temperature": 0.7, "top_k": 3}
+    with torch.no_grad():
+        p1 = warp_probs(m(ids).logits[:, -1], **warp)[0].double()
+        firsts = [int(x) for x in p1.nonzero()]
+        nxt = torch.cat([ids.repeat(len(firsts), 1), torch.tensor(firsts)[:, None]], dim=1)
+        p2 = warp_probs(m(nxt).logits[:, -1], **warp).double()
+    law = {
+        (a, b): float(p1[a] * p2[i, b])
+        for i, a in enumerate(firsts)
+        for b in p2[i].nonzero().flatten().tolist()
+    }
+    counts: Counter = Counter()
+    accepted = 0
+    for _ in range(samples):
+        # 3 new tokens, so the first tree step may draft (the last token is never drafted); 2 are kept
+        out = infer.generate(
+            model, ids, max_new_tokens=3, do_sample=True, generator=g, eos_token_id=[], **warp
+        )
+        key = tuple(out.sequences[0, ids.shape[1] : ids.shape[1] + 2].tolist())
+        counts[key] += 1
+        accepted += out.stats.accepted_lengths[0] > 1
+    assert accepted > samples // 10, accepted  # the second token is often an accepted draft
+    assert chi2_pvalue(counts, law) > ALPHA, counts
+
+
 @pytest.mark.parametrize("arch, vocab", [("llama", None), ("gemma2", None), ("llama", D2T)])
 def test_exact_sampling_runs(arch, vocab):
+    """top-k 1 sampling = greedy with drafts accepted; the first two tokens follow the target's law."""
     m = target(arch)
     head, *_ = trained_head(arch, vocab=vocab)
-    model = infer.SpecModel(m, head)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
-    for kw in ({}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}):
-        g = torch.Generator().manual_seed(0)
-        out = infer.generate(
-            model, ids, max_new_tokens=30, do_sample=True, generator=g, eos_token_id=[], **kw
-        )
-        assert out.sequences.shape == (1, 36) and torch.equal(out.sequences[:, :6], ids)
-        assert int(out.sequences.min()) >= 0 and int(out.sequences.max()) < 96
-        assert out.stats.num_target_forwards == len(out.stats.accepted_lengths) + 1
+    check_exact_sampling(infer.SpecModel(m, head), m, ids)
 
 
 def test_dynamic_options_are_for_eagle_only():

@@ -255,7 +255,9 @@ def test_eagle31_greedy_identity_trained_heads_accept(arch):
         out = infer.generate(model, ids, max_new_tokens=40, do_sample=False, **kw)
         assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
         taus.append(out.stats.mean_accepted_length)
-    assert sum(taus) / len(taus) > 1.2, taus
+        # two drafts deep accepted (3 tokens a step) more than once, in the tree and in the chain
+        assert sum(a >= 3 for a in out.stats.accepted_lengths) >= 2, out.stats.accepted_lengths
+    assert sum(taus) / len(taus) > 1.4, taus  # measured 1.65 (llama), 1.97 (gemma2)
 
 
 @pytest.mark.slow

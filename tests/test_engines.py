@@ -14,8 +14,11 @@ engine captures equal to the heads' ``aux_layer_ids``, and for EAGLE-1 that the 
 (vLLM's ``compute_logits`` with the lm_head it shares from the target) and that its ``fc`` on its own
 embedding lookup of a few ids equals selfspec's ``fc`` on the target embedding module's output (Gemma's
 sqrt(H) folded in by the export). Pairs in ``cases.NOT_SERVED`` must fail in the engine's code with the
-error named there. The results are written to ``results/engine-support/`` and the README quotes
-the table (tests/test_convert.py checks the quote).
+error named there. The results (with each row's table verdict) are written only to the test's temporary
+directory; ``scripts/engine_table.py`` writes ``results/engine-support/`` from them, and
+`test_committed_table_is_the_scripts_output` fails, naming that file, when the committed table differs
+(the README quotes the table: tests/test_convert.py checks the quote and that table.md is the script's
+output for the committed results.json).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from heads import Eagle3Head, EagleHead, MedusaHeads, build_vocab_map
 from heads.convert import export_heads
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
-from cases import CASES, NOT_SERVED, RESULTS, TABLE  # noqa: E402
+from cases import CASES, NOT_SERVED, TABLE  # noqa: E402
 from install import engine_python  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -121,8 +124,7 @@ def _run_engine(engine: str, cases: list[dict], tmp: str, port: int) -> dict[str
 
 def _selected() -> list[tuple]:
     """The cases to run: all, or (``SELFSPEC_ENGINE_CASES``: comma-separated substrings of case ids, e.g.
-    ``eagle31``) those matching; the other rows of the table are then read back from the committed
-    results file, so the table and results stay whole."""
+    ``eagle31``) those matching; the tests of the others are skipped."""
     only = [w for w in os.environ.get("SELFSPEC_ENGINE_CASES", "").split(",") if w]
     return [c for c in CASES if not only or any(w in c[0] for w in only)]
 
@@ -132,9 +134,6 @@ def results(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("engines"))
     targets, heads, by_engine, rows = {}, {}, {}, {}
     selected = _selected()
-    if len(selected) < len(CASES):
-        with open(os.path.join(ROOT, RESULTS)) as f:
-            rows = {cid: r for cid, r in json.load(f)["results"].items() if cid in {c[0] for c in CASES}}
     for cid, head, layer, arch, to, engine, method in selected:
         if arch not in targets:
             m = tiny_model(arch, num_layers=L)
@@ -160,14 +159,21 @@ def results(tmp_path_factory):
         if method == "eagle3":
             case["fuse_check"] = _fuse_check(heads[key])
         by_engine.setdefault(engine, []).append(case)
-    with ThreadPoolExecutor(len(by_engine)) as pool:  # cold installs are mostly download and unzip: overlap them
+    with ThreadPoolExecutor(max(len(by_engine), 1)) as pool:  # cold installs are mostly download and unzip: overlap them
         list(pool.map(engine_python, sorted(by_engine)))
     for i, (engine, cases) in enumerate(sorted(by_engine.items())):
         for cid, r in _run_engine(engine, cases, tmp, 29600 + i).items():
             rows[cid].update(r)
     expected = {cid: list(heads[(h, ly, a)].aux_layer_ids) for cid, h, ly, a, *_ in selected if h.startswith("eagle3")}
-    _write(rows, expected, tmp)
-    return rows, expected
+    path = _write(rows, expected, tmp)
+    return rows, expected, path
+
+
+def _rows(results, cid: str) -> dict:
+    """The case's result; a case left out by ``SELFSPEC_ENGINE_CASES`` is skipped, never read from a file."""
+    if cid not in results[0]:
+        pytest.skip(f"{cid} is not among SELFSPEC_ENGINE_CASES")
+    return results[0][cid]
 
 
 def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
@@ -206,29 +212,41 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     return True, f"loads (`{r['draft_class']}`): every parameter loaded, nothing dropped{fc}"
 
 
-def _write(rows: dict, expected: dict, tmp: str) -> None:
+def _write(rows: dict, expected: dict, tmp: str) -> str:
+    """The results document `scripts/engine_table.py` reads (each row with its table ``verdict``; tmp
+    paths replaced by ``$TMP``), written to ``tmp/results.json`` only; returns that path."""
     from install import ENGINES
 
-    head_names = {"medusa": "Medusa", "medusaown": "Medusa (own lm_heads)", "eagle": "EAGLE-1",
-                  "eaglebias": "EAGLE-1 (fc bias)", "eagle3": "EAGLE-3", "eagle3full": "EAGLE-3 (full vocab)",
-                  "eagle31": "EAGLE-3.1"}
-    lines = ["| heads | draft layer | target | `--to` | engine | result |", "|---|---|---|---|---|---|"]
-    for case in CASES:
-        cid, head, layer, arch, to, engine, _ = case
-        _, text = _verdict(case, rows[cid], expected)
-        eng = {"sglang": "sglang-0.5.23", "vllm": "vllm-0.33.0"}[to] if engine is None else engine
-        eng = eng.replace("vllm-", "vLLM ").replace("sglang-", "SGLang ")
-        lines.append(f"| {head_names[head]} | {layer} | {arch} | `{to}` | {eng} | {text.replace('|', '/')} |")
-    os.makedirs(os.path.join(ROOT, os.path.dirname(TABLE)), exist_ok=True)
-    with open(os.path.join(ROOT, TABLE), "w") as f:
-        f.write("\n".join(lines) + "\n")
     clean = {cid: {k: v for k, v in r.items() if k not in ("engine_params", "traceback")} for cid, r in rows.items()}
+    for case in CASES:
+        if case[0] in clean:
+            clean[case[0]]["verdict"] = _verdict(case, rows[case[0]], expected)[1]
     for r in clean.values():  # tmp paths -> placeholders, so the committed file is stable
         if "serve_args" in r:
             r["serve_args"] = r["serve_args"].replace(tmp, "$TMP")
-    with open(os.path.join(ROOT, RESULTS), "w") as f:
+    path = os.path.join(tmp, "results.json")
+    with open(path, "w") as f:
         json.dump({"engines": {k: v["wheel"] for k, v in ENGINES.items()}, "results": clean}, f, indent=1,
                   sort_keys=True)
+    return path
+
+
+def test_committed_table_is_the_scripts_output(results):
+    """Each computed case's line is the committed table's (all cases: the whole table), as
+    scripts/engine_table.py would write it from this run's results."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import engine_table
+
+    with open(results[2]) as f:
+        doc = json.load(f)
+    with open(os.path.join(ROOT, TABLE)) as f:
+        committed = f.read()
+    how = f"update with: python scripts/engine_table.py --results {results[2]}"
+    lines = engine_table.table_rows(doc["results"])
+    stale = [line for line in lines.values() if line not in committed.splitlines()]
+    assert not stale, f"{how}\n" + "\n".join(stale)
+    if len(lines) == len(CASES):
+        assert engine_table.render(doc) == committed, how
 
 
 CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033" and c[0] not in NOT_SERVED]
@@ -236,13 +254,13 @@ CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033" and c[0] 
 
 @pytest.mark.parametrize("case", CLAIMED, ids=[c[0] for c in CLAIMED])
 def test_engine_loads_export(results, case):
-    rows, expected = results
-    ok, text = _verdict(case, rows[case[0]], expected)
-    assert ok, f"{case[0]}: {text}\n{rows[case[0]].get('traceback', '')}"
+    row = _rows(results, case[0])
+    ok, text = _verdict(case, row, results[1])
+    assert ok, f"{case[0]}: {text}\n{row.get('traceback', '')}"
 
 
 def test_vllm_033_has_no_medusa(results):
-    r = results[0]["medusa-llama-vllm033"]
+    r = _rows(results, "medusa-llama-vllm033")
     assert not r.get("ok") and "SpeculativeConfig" in r["error"] and "'medusa'" in r["error"], r
 
 
@@ -250,13 +268,13 @@ def test_vllm_033_has_no_medusa(results):
 def test_engine_refuses_unserved_targets(results, cid):
     """Pairs the engine's own code does not serve fail there, with the error the table names (if a new
     engine version serves one, this fails and the pair moves to the claimed ones)."""
-    r = results[0][cid]
+    r = _rows(results, cid)
     assert not r.get("ok") and NOT_SERVED[cid][0] in r["error"], r
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=[c[0] for c in CASES if not c[5]])
 def test_refusals_are_one_line(results, case):
-    msg = results[0][case[0]]["refused_by_export"]
+    msg = _rows(results, case[0])["refused_by_export"]
     assert "\n" not in msg and len(msg) < 400, msg
 
 

@@ -4,7 +4,9 @@ model card, the missing-token error, and the training-side push (`train.train_he
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 from types import SimpleNamespace
@@ -111,9 +113,30 @@ def no_token(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-stored-tokens"))
 
 
+def checked_against(real):
+    """A decorator: the fake's arguments must bind to ``real``'s signature (the installed huggingface_hub's
+    HfApi method, read before it is replaced), so a call the real client would reject fails here too."""
+    sig = inspect.signature(real)
+
+    def wrap(fake):
+        @functools.wraps(fake)
+        def call(*args, **kw):
+            try:
+                sig.bind(*args, **kw)
+            except TypeError as e:
+                raise AssertionError(f"HfApi.{real.__name__}{sig} does not take this call: {e}") from None
+            return fake(*args, **kw)
+
+        return call
+
+    return wrap
+
+
 class FakeHfApi:
     """Records the calls that would reach the Hub: replaces only the HfApi methods a push uses
-    (create_repo, create_branch, create_commit), and reads each file a commit would upload."""
+    (create_repo, create_branch, create_commit), and reads each file a commit would upload. huggingface_hub
+    ships no local Hub its client could talk to, so the fake stays; each of its methods checks its call
+    against the real method's signature (`checked_against`)."""
 
     def __init__(self, monkeypatch) -> None:
         from huggingface_hub import HfApi
@@ -121,13 +144,16 @@ class FakeHfApi:
         self.calls: list[tuple[str, dict]] = []
         self.uploaded: dict[str, bytes] = {}
 
+        @checked_against(HfApi.create_repo)
         def create_repo(api, repo_id, **kw):
             self.calls.append(("create_repo", {"repo_id": repo_id, "token": api.token, **kw}))
             return SimpleNamespace(repo_id=repo_id)
 
+        @checked_against(HfApi.create_branch)
         def create_branch(api, repo_id, **kw):
             self.calls.append(("create_branch", {"repo_id": repo_id, **kw}))
 
+        @checked_against(HfApi.create_commit)
         def create_commit(api, repo_id, operations, **kw):
             files = {}
             for op in operations:  # a local file, or bytes (configs rewritten without local paths)
@@ -148,6 +174,23 @@ class FakeHfApi:
 @pytest.fixture
 def fake_hub(monkeypatch):
     return FakeHfApi(monkeypatch)
+
+
+def test_the_fake_hub_refuses_calls_the_real_client_would(fake_hub):
+    """An argument the installed HfApi does not have, or a missing required one, fails the call."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = HfApi(token="x")
+    api.create_repo("u/r", private=True, exist_ok=True)
+    with pytest.raises(AssertionError, match="create_repo"):
+        api.create_repo("u/r", privat=True)  # a typo the real client would reject
+    with pytest.raises(AssertionError, match="create_branch"):
+        api.create_branch("u/r", branch_name="b")
+    op = CommitOperationAdd(path_in_repo="a.txt", path_or_fileobj=b"a")
+    api.create_commit("u/r", [op], commit_message="m")
+    with pytest.raises(AssertionError, match="create_commit"):
+        api.create_commit("u/r", [op])  # commit_message is required
+    assert [name for name, _ in fake_hub.calls] == ["create_repo", "create_commit"]
 
 
 # ---------------------------------------------------------------------------------------------- round trip

@@ -93,6 +93,44 @@ def test_medusa_run_logs_measured_tau_both_accuracies_and_reports_them(tiny_targ
     assert f"Measured acceptance length τ = {results['measured_accept_length']:.3f}" in card
     assert "top-1 vs target" in card and "top-1 vs data" in card
 
+    # The logged τ is infer.generate's on the same prompts: the final eval's (step 4) with the heads in
+    # memory, eval_results.json's with the heads saved to output_dir.
+    from heads import load_heads
+    from train.evaluation import eval_prompts
+
+    prompts = eval_prompts(run.eval_dl.dataset, 2, cfg.eval.measured_tau_prompt_tokens)
+    assert len(prompts) == 2
+    final = registry_module(run)
+    assert evals[-1]["eval/measured_accept_length"] == pytest.approx(
+        generate_tau(run.target, final, prompts, 12)
+    )
+    saved = load_heads(out, run.target)
+    assert results["measured_accept_length"] == pytest.approx(generate_tau(run.target, saved, prompts, 12))
+
+
+def registry_module(run):
+    """A fresh eval-mode copy of the run's heads as they are now."""
+    from heads import registry
+
+    heads = registry.get(run.head_config.head_type).module(run.head_config)
+    heads.load_state_dict(run.accelerator.unwrap_model(run.heads).state_dict())
+    return heads.eval()
+
+
+def generate_tau(target, heads, prompts: list, new_tokens: int) -> float:
+    """Σ accepted tokens / Σ verify steps of greedy `infer.generate` over ``prompts`` (each [1, T])."""
+    import infer
+
+    accepted = steps = 0
+    with torch.no_grad():
+        for ids in prompts:
+            out = infer.generate(
+                infer.SpecModel(target, heads), ids, max_new_tokens=new_tokens, do_sample=False
+            )
+            accepted += sum(out.stats.accepted_lengths)
+            steps += len(out.stats.accepted_lengths)
+    return accepted / steps
+
 
 def test_measured_tau_on_a_prompt_file_reads_its_rows_after_skip(tiny_target, tiny_data, tmp_path):
     """``eval.measured_tau_prompts_file`` (issue 17 #3): the logged τ is measured on the prompts the

@@ -344,6 +344,20 @@ def test_context_length_is_checked_before_the_data(tiny_target, tiny_data, tmp_p
     _no_data_loading(monkeypatch)
     text = _refusal(_overrides(tiny_target, tiny_data, str(tmp_path / "run"), **{"data.max_length": 4096}))
     assert "data.max_length=4096 exceeds the target's max_position_embeddings=128" in text
+    assert not os.path.exists(tmp_path / "run")  # nothing is written before every check has passed
+
+
+def test_a_refused_run_leaves_an_existing_output_dir_unchanged(tiny_target, tiny_data, tmp_path):
+    """A refusal after the output_dir checks (here: the data) changes nothing in an empty output_dir or in
+    the dir of a run that stopped before its first checkpoint."""
+    out = tmp_path / "run"
+    out.mkdir()
+    _refusal(_overrides(tiny_target, str(tmp_path / "missing.jsonl"), str(out)))
+    assert os.listdir(out) == []
+    (out / ".selfspec_run.json").write_text(json.dumps({"run_id": "x", "config": {}, "status": "running"}))
+    before = _tree_digest(str(out))
+    _refusal(_overrides(tiny_target, str(tmp_path / "missing.jsonl"), str(out)))
+    assert _tree_digest(str(out)) == before
 
 
 def test_read_only_output_dir_is_checked_before_the_data(tiny_target, tiny_data, tmp_path, monkeypatch):
@@ -367,12 +381,16 @@ def test_read_only_output_dir_is_checked_before_the_data(tiny_target, tiny_data,
 
 
 def test_a_run_that_stopped_before_any_checkpoint_leaves_the_dir_free(tiny_target, tiny_data, tmp_path):
-    """A run refused for its data (after it claimed output_dir) does not lock the dir: the corrected run,
-    a different config, starts there without overwrite=true."""
+    """A run that stopped before its first checkpoint (here: killed in its first step) does not lock the
+    dir: the corrected run, a different config, starts there without overwrite=true."""
     from train import train_heads
 
     out = str(tmp_path / "run")
-    _refusal(_overrides(tiny_target, str(tmp_path / "missing.jsonl"), out))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train_heads, "fit", lambda run: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            train_heads.main(_overrides(tiny_target, tiny_data, out, **{"train.lr": 0.01}))
+    reset_accelerate()
     assert os.path.isfile(os.path.join(out, ".selfspec_run.json"))
     train_heads.main(_overrides(tiny_target, tiny_data, out, **{"train.max_steps": 2}))
     assert os.path.isfile(os.path.join(out, "model.safetensors"))

@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -433,11 +432,10 @@ def test_deepspeed_zero2_two_processes_on_cpu(tiny_target, tiny_data, tmp_path):
     overrides = _overrides(tiny_target, tiny_data, out, **{"train.max_steps": 6, "train.save_every": 3,
                                                            "train.mixed_precision": "bf16", "report_to": "wandb"})  # fmt: skip
     wandb_env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    t0 = time.time()
+    # How long it takes is a benchmark's question (scripts/bench_zero2_launch.py), not a pass/fail one.
     proc = launch_zero2_two_processes(overrides, port=29533, **wandb_env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    assert time.time() - t0 < 300
     # Both ranks really split the data: the setup line reports 2 processes and each rank saw half the batches.
     assert "2 process(es)" in log, log[-3000:]
     assert "DeepSpeed ZeRO-2" in log and "precision bf16" in log

@@ -143,14 +143,14 @@ def _wipe(output_dir: str) -> None:
 
 
 def claim_output_dir(cfg) -> str | None:
-    """Main process, before any data is read: make ``cfg.output_dir`` this run's, or raise ``ValueError`` (one
-    line) if it belongs to another run or to nobody. Returns a message when there is nothing to do (the
-    run finished already and this is a resume), else None."""
+    """Main process, before any data is read: check that ``cfg.output_dir`` can be this run's, or raise
+    ``ValueError`` (one line) if it belongs to another run or to nobody, ``OSError`` if it is not writable.
+    Returns a message when there is nothing to do (the run finished already and this is a resume), else
+    None. Writes nothing: `take_output_dir` does, once the run's setup has passed its checks too."""
     out = cfg.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"output_dir {out!r} is a file, not a directory")
     flat = flat_config(cfg)
-    run_id = run_identity(flat)
     entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
     record = read_record(out) if entries else None
     if record is None and entries:
@@ -159,37 +159,48 @@ def claim_output_dir(cfg) -> str | None:
             f"output_dir {out!r} is not empty ({shown}) and is not a selfspec run: use a new or empty "
             "directory (nothing in it was changed)"
         )
-    if record is not None and not _holds_results(out):
-        _wipe(out)  # a run that stopped before its first checkpoint left nothing worth keeping
-        record = None
-    if record is not None:
-        same = record["run_id"] == run_id
+    if record is not None and _holds_results(out) and not cfg.overwrite:
+        same = record["run_id"] == run_identity(flat)
         diff = "" if same else f" with a different config ({config_diff(record['config'], flat)})"
         finished = record.get("status") == "finished"
         what = f"a {'finished' if finished else 'selfspec'} run{diff}"
-        if cfg.overwrite:
-            _wipe(out)
-        elif cfg.resume is None:
+        if cfg.resume is None:
             how = "pass --resume (resume=auto) to continue it, " if same and not finished else ""
             raise ValueError(
                 f"output_dir {out!r} already holds {what}: {how}overwrite=true to delete its selfspec files and "
                 "start again, or use a new output_dir"
             )
-        elif not same:
+        if not same:
             raise ValueError(
                 f"resume: output_dir {out!r} holds a run{diff}: resume with that config, overwrite=true to "
                 "start again, or use a new output_dir"
             )
-        elif finished:
+        if finished:
             return (
                 f"output_dir {out} holds the finished run (step {record.get('step')}): nothing to resume; "
                 "its heads are in place (overwrite=true trains again)"
             )
+    existing = out
+    while not os.path.isdir(existing):  # the nearest directory that exists: where makedirs will write
+        existing = os.path.dirname(os.path.abspath(existing))
+    check_writable(existing)
+    return None
+
+
+def take_output_dir(cfg) -> None:
+    """Main process, after `claim_output_dir` and the run's setup passed: make ``cfg.output_dir`` this
+    run's. A new run (or ``overwrite``, or a run that stopped before its first checkpoint, which left
+    nothing worth keeping) clears the selfspec files and writes the run record; a resume keeps its record."""
+    out = cfg.output_dir
+    record = read_record(out) if os.path.isdir(out) else None
+    if record is not None and (cfg.overwrite or not _holds_results(out)):
+        _wipe(out)
+        record = None
     os.makedirs(out, exist_ok=True)
     check_writable(out)
-    if record is None or cfg.overwrite:  # a resume of this run keeps its record
-        write_record(out, {"format": 1, "run_id": run_id, "config": flat, "status": "running"})
-    return None
+    if record is None:
+        flat = flat_config(cfg)
+        write_record(out, {"format": 1, "run_id": run_identity(flat), "config": flat, "status": "running"})
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

@@ -243,13 +243,15 @@ def start(cfg: RunConfig, features: str | None = None) -> Run | None:
     ``features``: a ``scripts/dump_features.py`` directory to train from (None = run the target online).
     Returns None (after saying so) when the run in output_dir is finished and this is a resume."""
     accelerator = make_accelerator(cfg)
-    # Before any data is read: output_dir is this run's (`train.checkpoint.claim_output_dir`), and writable.
+    # Before any data is read: output_dir can be this run's (`train.checkpoint.claim_output_dir`), and writable.
     done = main_process_first(accelerator, lambda: ckpt.claim_output_dir(cfg), main_only=True)
     if done is not None:
         accelerator.print(done)
         accelerator.end_training()
         return None
     run = setup(cfg, features, accelerator)
+    # Only now, with every input checked, is anything written into output_dir.
+    main_process_first(accelerator, lambda: ckpt.take_output_dir(cfg), main_only=True)
     run.config_flat = ckpt.flat_config(cfg)
     if run.cfg.report_to == "wandb":
         run.accelerator.init_trackers(
