@@ -1,14 +1,14 @@
 """Importing checkpoints that the original trainers wrote (`heads.convert` import side).
 
 ``tests/fixtures/foreign/`` holds what FasterDecoding/Medusa's ``train_legacy.py`` (its current "version
-2" heads, and the per-head-lm_head heads of an earlier commit) and SafeAILab/EAGLE's ``traineagle3``
-model wrote when run at tiny scale on CPU by ``make_fixtures.py`` there (upstream commits, commands and
+2" heads, and the per-head-lm_head heads of an earlier commit) and SafeAILab/EAGLE's EAGLE-1
+``eagle/train/main.py`` and EAGLE-3 ``traineagle3`` model wrote when run at tiny scale on CPU by ``make_fixtures.py`` there (upstream commits, commands and
 what it patches are at its top), the tiny target they trained on, and ``reference.safetensors``: what the
 original code computes with those files. Each is loaded through ``infer.load(target, heads=dir)`` and
 must (a) compute the original's draft logits, (b) generate greedily exactly what ``target.generate``
 does, with drafts accepted, and (c) for Medusa-1 heads, take the same number of steps as Medusa's own
-``medusa_generate`` on the same prompts and tree (their inference runs on CPU; EAGLE-3's inference is
-not run, only its model class). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
+``medusa_generate`` on the same prompts and tree (their inference runs on CPU; EAGLE's inference is not
+run, only its model classes' forward: the draft logits, or features for EAGLE-1, are compared). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
 version-less file without per-head lm_heads, refusals) are written by this file's own code, after
 reading the trainers' source.
 """
@@ -138,6 +138,31 @@ def test_eagle3_trainer_output_generates_the_target_tokens(tmp_path):
     prompts = ref["inputs"][:, :9]  # <|user|> 6 words </s> <|assistant|>
     out = assert_greedy_identical(spec, prompts, 24, depth=4, draft_top_k=4, total_tokens=16)
     assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
+
+
+def eagle1_dir(tmp_path: Path) -> Path:
+    """What a user publishes from an eagle/train/main.py run: the draft of its last accelerate
+    ``save_state`` (state_20/model.safetensors) and the config.json the trainer was given."""
+    shutil.copy(FIX / "eagle1" / "state_20" / "model.safetensors", tmp_path / "model.safetensors")
+    shutil.copy(FIX / "eagle1" / "config.json", tmp_path / "config.json")
+    return tmp_path
+
+
+def test_eagle1_trainer_output_computes_their_draft(tmp_path):
+    """SafeAILab's EAGLE-1 eagle/train/main.py, run as written for its 21 epochs: its draft (fc with bias,
+    layers.0.* without input_layernorm, the frozen embedding copy) imports, gives the features of their
+    cnets1.Model forward on the same rows (the target's last hidden state at t and token t+1), and
+    generates exactly the target's tokens."""
+    m, ref = their_target(), reference("eagle1")
+    spec = infer.load(m, heads=str(eagle1_dir(tmp_path)))
+    head = spec.heads.float()
+    ids = ref["inputs"]
+    with torch.no_grad():
+        hidden = m(ids, output_hidden_states=True).hidden_states[-1]
+        got = head(ids[:, 1:], hidden[:, :-1], m.get_input_embeddings())  # [B, T-1, H]
+    torch.testing.assert_close(got, ref["predict"][:, :-1], rtol=1e-4, atol=1e-4)
+    out = assert_greedy_identical(spec, ids[:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 2
 
 
 def greedy_identical(heads_dir, **kw) -> infer.SpecModel:
