@@ -409,7 +409,8 @@ def test_import_eagle1_pytorch_model_bin(tmp_path):
 
 
 def test_import_eagle1_missing_fc_bias(tmp_path):
-    """config says bias=true but fc.bias is missing (a known tracker issue): imported as no bias, warned."""
+    """config says bias=true but fc.bias is missing (a known tracker issue): imported as no bias, warned;
+    bias=false with a non-zero fc.bias (SafeAILab's trainer with its Llama-3 config): the bias is kept, warned."""
     sd = eagle1_state(embed=False)
     del sd["fc.bias"]
     save_file(sd, str(tmp_path / "model.safetensors"))
@@ -420,8 +421,9 @@ def test_import_eagle1_missing_fc_bias(tmp_path):
     sd = eagle1_state(embed=False)
     save_file(sd, str(tmp_path / "model.safetensors"))
     json.dump(eagle1_config(bias=False), open(tmp_path / "config.json", "w"))
-    with pytest.raises(ValueError, match="bias=false but fc.bias is present"):
-        load_heads(str(tmp_path), target())
+    with pytest.warns(UserWarning, match="bias=false but fc.bias is present and non-zero; importing"):
+        head = load_heads(str(tmp_path), target())
+    assert torch.equal(head.fc.bias, sd["fc.bias"])
 
 
 def test_import_eagle3_midlayer_checkpoint_and_generate(tmp_path):

@@ -1,33 +1,168 @@
-"""Importing heads in the layouts the original trainers write today (`heads.convert` import side).
+"""Importing checkpoints that the original trainers wrote (`heads.convert` import side).
 
-Each checkpoint is written here, by this test's own code, in the layout the trainer produces (read from
-FasterDecoding/Medusa's ``train_legacy.py``/``medusa_model_legacy.py`` and SafeAILab/EAGLE's
-``traineagle3``), loaded through ``infer.load(target, heads=dir)``, checked to be the function that
-trainer's model computes, and must generate greedily exactly what ``target.generate`` does.
-Tiny random Llama target (conftest), seeded.
+``tests/fixtures/foreign/`` holds what FasterDecoding/Medusa's ``train_legacy.py`` (its current "version
+2" heads, and the per-head-lm_head heads of an earlier commit) and SafeAILab/EAGLE's EAGLE-1
+``eagle/train/main.py`` and EAGLE-3 ``traineagle3`` model wrote when run at tiny scale on CPU by ``make_fixtures.py`` there (upstream commits, commands and
+what it patches are at its top), the tiny target they trained on, and ``reference.safetensors``: what the
+original code computes with those files. Each is loaded through ``infer.load(target, heads=dir)`` and
+must (a) compute the original's draft logits, (b) generate greedily exactly what ``target.generate``
+does, with drafts accepted, and (c) for Medusa-1 heads, take the same number of steps as Medusa's own
+``medusa_generate`` on the same prompts and tree (their inference runs on CPU; EAGLE's inference is not
+run, only its model classes' forward: the draft logits, or features for EAGLE-1, are compared). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
+version-less file without per-head lm_heads, refusals) are written by this file's own code, after
+reading the trainers' source.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_model
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 import infer
-from heads import Eagle3Head, build_vocab_map, run_target
+from heads import run_target
 
-V, H, VD = 96, 32, 64
+FIX = Path(__file__).parent / "fixtures" / "foreign"
+V, H = 96, 32  # the self-written layouts' tiny target (conftest)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache
+def their_target():
+    """The tiny Llama the original trainers trained on (8 layers, hidden 32, vocab 128, rope_theta 5e5)."""
+    return AutoModelForCausalLM.from_pretrained(FIX / "target", dtype=torch.float32).eval()
+
+
+@functools.cache
 def target():
     return tiny_model("llama", num_layers=4)
+
+
+def reference(name: str) -> dict[str, torch.Tensor]:
+    return load_file(FIX / name / "reference.safetensors")
+
+
+def assert_greedy_identical(spec: infer.SpecModel, ids: torch.Tensor, new: int, **kw) -> infer.GenerateOutput:
+    """infer.generate's greedy output == target.generate's, row by row (fp32); returns the last output."""
+    m = spec.target
+    for row in ids:
+        out = infer.generate(spec, row[None], max_new_tokens=new, do_sample=False, **kw)
+        want = m.generate(row[None], max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out.sequences, want)
+    return out
+
+
+def medusa_tree(ref: dict[str, torch.Tensor]) -> list[list[int]]:
+    return [[int(i) for i in c if i >= 0] for c in ref["tree"]]
+
+
+@pytest.mark.parametrize("name", ["medusa", "medusa1"])
+def test_medusa_trainer_output_computes_their_heads(name):
+    """train_legacy.py's config.json + medusa_lm_head.safetensors (bf16): version 2 (HEAD, the heads use
+    the target's lm_head) and the per-head lm_head layout (0bfdcd2). The imported heads give the logits
+    of Medusa's own MedusaModel forward on the same inputs, and generate exactly the target's tokens."""
+    m, ref = their_target(), reference(name)
+    spec = infer.load(m, heads=str(FIX / name))
+    heads = spec.heads.float()
+    assert heads.config.num_heads == 3 and heads.config.num_layers == 1
+    assert heads.config.lm_head == ("target" if name == "medusa" else "own")
+    with torch.no_grad():
+        hidden = m.model(ref["inputs"]).last_hidden_state
+        got = heads(hidden, m.get_output_embeddings())  # [K, B, T, V]
+    torch.testing.assert_close(got, ref["head_logits"], rtol=1e-4, atol=1e-4)
+    out = assert_greedy_identical(spec, ref["inputs"], 24, tree=[[0], [0, 0], [1], [0, 0, 0], [2]])
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 2
+
+
+def test_medusa1_steps_match_their_medusa_generate():
+    """Medusa's own medusa_generate (temperature 0, its tree) ran 16 steps per prompt on the per-head
+    lm_head heads; selfspec with the same tree makes the same tokens in the same number of steps."""
+    m, ref = their_target(), reference("medusa1")
+    spec = infer.load(m, heads=str(FIX / "medusa1"))
+    theirs, ours = 0, 0
+    for prompt, words, steps in zip(ref["inputs"], ref["generated"], ref["steps"], strict=True):
+        words = words[words >= 0]
+        out = infer.generate(
+            spec, prompt[None], max_new_tokens=len(words), do_sample=False, tree=medusa_tree(ref)
+        )
+        assert torch.equal(out.sequences[0, len(prompt) :], words)
+        assert abs(len(out.stats.accepted_lengths) - int(steps)) <= 1  # their last step may overshoot
+        theirs, ours = theirs + int(steps), ours + len(out.stats.accepted_lengths)
+    assert ours == pytest.approx(theirs, rel=0.05)
+    assert sum(len(w[w >= 0]) for w in ref["generated"]) / theirs > 1.5  # drafts are accepted
+
+
+def eagle3_dir(tmp_path: Path) -> Path:
+    """What a user publishes from a traineagle3 run: its main.py's state_<epoch>/pytorch_model.bin and the
+    config.json the trainer was given."""
+    shutil.copy(FIX / "eagle3" / "state_0" / "pytorch_model.bin", tmp_path / "pytorch_model.bin")
+    shutil.copy(FIX / "eagle3" / "config.json", tmp_path / "config.json")
+    return tmp_path
+
+
+def test_eagle3_trainer_output_computes_their_draft(tmp_path):
+    """traineagle3's raw state dict (fp16; fc, midlayer.*, norm, lm_head, d2t, t2d and 8 target_model.*
+    rotary buffers) imports, drops the target's tensors with a warning, and gives the logits of all 7
+    steps of their cnets.Model forward on the same rows: step 0 from the target's aux states at t and the
+    embedding of token t+1, step j from step j-1's outputs and token t+1+j (zero past the row's end).
+    Their config.json has no rope_theta: their draft layer rotates with base 10000, not the target's."""
+    m, ref = their_target(), reference("eagle3")
+    assert m.config.rope_parameters["rope_theta"] == 5e5
+    with pytest.warns(UserWarning, match=r"dropped 8 frozen target tensors \(target_model\.\*\)"):
+        spec = infer.load(m, heads=str(eagle3_dir(tmp_path)))
+    head = spec.heads.float()
+    assert tuple(head.aux_layer_ids) == (2, 4, 5)  # their modeling_llama_kv: inputs of layers 2, L//2, L-3
+    ids, want = ref["inputs"], ref["step_logits"]  # [B, T], [K, B, T, draft vocab]
+    K = want.shape[0]
+    with torch.no_grad():
+        aux = torch.cat(run_target(m, ids, aux_layers=head.aux_layer_ids).aux, -1)
+        tokens = torch.cat([ids[:, 1:], torch.zeros(len(ids), K, dtype=ids.dtype)], 1)  # [B, T + K - 1]
+        got = head(tokens, aux, m.get_input_embeddings(), ttt_steps=K)
+    # 5e-3 apart: their rotary inv_freq buffers went through fp16 with the model (main.py saves 16-bit)
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=2e-2)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_eagle3_trainer_output_generates_the_target_tokens(tmp_path):
+    m, ref = their_target(), reference("eagle3")
+    with pytest.warns(UserWarning, match="dropped 8 frozen target tensors"):
+        spec = infer.load(m, heads=str(eagle3_dir(tmp_path)))
+    prompts = ref["inputs"][:, :9]  # <|user|> 6 words </s> <|assistant|>
+    out = assert_greedy_identical(spec, prompts, 24, depth=4, draft_top_k=4, total_tokens=16)
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
+
+
+def eagle1_dir(tmp_path: Path) -> Path:
+    """What a user publishes from an eagle/train/main.py run: the draft of its last accelerate
+    ``save_state`` (state_20/model.safetensors) and the config.json the trainer was given."""
+    shutil.copy(FIX / "eagle1" / "state_20" / "model.safetensors", tmp_path / "model.safetensors")
+    shutil.copy(FIX / "eagle1" / "config.json", tmp_path / "config.json")
+    return tmp_path
+
+
+def test_eagle1_trainer_output_computes_their_draft(tmp_path):
+    """SafeAILab's EAGLE-1 eagle/train/main.py, run as written for its 21 epochs: its draft (fc with bias,
+    layers.0.* without input_layernorm, the frozen embedding copy) imports, gives the features of their
+    cnets1.Model forward on the same rows (the target's last hidden state at t and token t+1), and
+    generates exactly the target's tokens."""
+    m, ref = their_target(), reference("eagle1")
+    spec = infer.load(m, heads=str(eagle1_dir(tmp_path)))
+    head = spec.heads.float()
+    ids = ref["inputs"]
+    with torch.no_grad():
+        hidden = m(ids, output_hidden_states=True).hidden_states[-1]
+        got = head(ids[:, 1:], hidden[:, :-1], m.get_input_embeddings())  # [B, T-1, H]
+    torch.testing.assert_close(got, ref["predict"][:, :-1], rtol=1e-4, atol=1e-4)
+    out = assert_greedy_identical(spec, ids[:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 2
 
 
 def greedy_identical(heads_dir, **kw) -> infer.SpecModel:
@@ -58,16 +193,12 @@ def medusa_reference(sd, h: int, layers: int, lm_head: torch.Tensor, x: torch.Te
     return x @ lm_head.T
 
 
-@pytest.mark.parametrize("version", ["2", None])
-def test_medusa_version2_heads_use_the_target_lm_head(tmp_path, version):
-    """train_legacy.py: MedusaConfig(..., version="2").save_pretrained + medusa_lm_head.safetensors with the
-    residual blocks only; the logits come from the base model's lm_head. A file with no per-head lm_head
-    and no version field is read the same way."""
+def test_medusa_versionless_heads_use_the_target_lm_head(tmp_path):
+    """A file with residual blocks only and no ``version`` field is read as version 2 (the real version-2
+    file is tests/fixtures/foreign/medusa)."""
     K, Lm = 3, 1
     sd = medusa_blocks(K, Lm)
     cfg = {"medusa_num_heads": K, "medusa_num_layers": Lm, "base_model_name_or_path": "x/y"}
-    if version is not None:
-        cfg["version"] = version
     json.dump({**cfg, "transformers_version": "4.41.0"}, open(tmp_path / "config.json", "w"))
     save_file(sd, str(tmp_path / "medusa_lm_head.safetensors"))
     spec = greedy_identical(tmp_path)
@@ -117,66 +248,3 @@ def test_medusa_head_prefixed_keys(tmp_path):
         got = heads(x)
     for h in range(K):
         torch.testing.assert_close(got[h], medusa_reference(sd, h, Lm, lm[h], x), rtol=1e-5, atol=1e-5)
-
-
-def safeailab_eagle3_state(head: Eagle3Head, frozen: int) -> dict[str, torch.Tensor]:
-    """What traineagle3's ``cnets.Model`` state dict holds for a draft: ``fc``, ``midlayer.*`` (with its
-    ``input_layernorm`` and ``hidden_norm``), ``norm``, ``lm_head``, ``d2t``, ``t2d``, plus ``frozen``
-    tensors of its frozen ``target_model`` (and the frozen embedding)."""
-    own = head.state_dict()
-    sd = {
-        k: v for k, v in own.items() if k.startswith(("fc.", "midlayer.", "norm.", "lm_head.", "d2t", "t2d"))
-    }
-    sd["midlayer.input_layernorm.weight"] = own["input_norm.weight"]
-    sd["midlayer.hidden_norm.weight"] = own["hidden_norm.weight"]
-    tsd = target().state_dict()
-    for k in list(tsd)[:frozen]:
-        sd[f"target_model.{k}"] = tsd[k].clone()
-    sd["embed_tokens.weight"] = target().get_input_embeddings().weight.clone()
-    return {k: v.clone() for k, v in sd.items()}
-
-
-def test_safeailab_eagle3_trainer_output_drops_target_tensors(tmp_path):
-    """A traineagle3 run (its config.json: LlamaForCausalLM with draft_vocab_size; pytorch_model.bin from
-    save_16bit_model) that carries 13 target_model.* tensors: they are dropped with a warning that says
-    how many, and the draft is the same function."""
-    m = target()
-    torch.manual_seed(2)
-    head = Eagle3Head.for_target(m, draft_vocab_size=VD)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    head.set_vocab_map(
-        *build_vocab_map(torch.randint(0, 50, (V,), generator=torch.Generator().manual_seed(1)), VD)
-    )
-    torch.save(safeailab_eagle3_state(head, frozen=13), tmp_path / "pytorch_model.bin")
-    tc = m.config
-    json.dump(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": H,
-            "intermediate_size": tc.intermediate_size,
-            "num_attention_heads": tc.num_attention_heads,
-            "num_key_value_heads": tc.num_key_value_heads,
-            "num_hidden_layers": 1,
-            "vocab_size": V,
-            "draft_vocab_size": VD,
-            "rms_norm_eps": tc.rms_norm_eps,
-            "max_position_embeddings": 256,
-            "rope_theta": tc.rope_parameters["rope_theta"],
-            "torch_dtype": "float16",
-        },
-        open(tmp_path / "config.json", "w"),
-    )
-    with pytest.warns(UserWarning, match=r"dropped 13 frozen target tensors \(target_model\.\*\)"):
-        spec = greedy_identical(tmp_path, depth=3, draft_top_k=3, total_tokens=10)
-    got = spec.heads
-    assert got.aux_layer_ids == head.aux_layer_ids  # the trainer's fixed (2, L//2, L-3)
-    assert got.state_dict().keys() == head.state_dict().keys()
-    assert all(torch.equal(got.state_dict()[k], v) for k, v in head.state_dict().items())
-    ids = torch.randint(3, V, (1, 9), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        aux = torch.cat(run_target(m, ids, aux_layers=head.aux_layer_ids).aux, -1)[:, :-1]
-        emb = m.get_input_embeddings()
-        assert torch.equal(got(ids[:, 1:], aux, emb), head(ids[:, 1:], aux, emb))

@@ -247,11 +247,15 @@ def import_eagle(
                 stacklevel=2,
             )
         use_bias = False
-    elif said is False and torch.count_nonzero(bias):
-        raise ValueError(
-            f"{what}: config says bias=false but fc.bias is present and non-zero; which is right?"
-        )
     else:
+        if said is False and torch.count_nonzero(bias):
+            # SafeAILab's eagle/train/main.py builds fc with a bias whatever its config.json says (its
+            # Llama-3 template says false): the bias is part of the function the draft was trained as
+            warnings.warn(
+                f"{what}: config says bias=false but fc.bias is present and non-zero; importing the bias (the "
+                "trained function; EAGLE's EaModel and engines that read bias=false would drop it)",
+                stacklevel=2,
+            )
         use_bias = True
     scale = target_embed_scale(target)
     if scale:  # the engines and EAGLE's own code feed fc raw rows W[x]; selfspec feeds embed(x) = s W[x]

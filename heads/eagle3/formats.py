@@ -311,7 +311,7 @@ def import_eagle3(
             hidden_size=hidden,
             vocab_size=vocab,
             base_model_name_or_path=target_name(raw, target),
-            target_config=draft_target_config(raw, target, what),
+            target_config=draft_target_config(llama_rope_default(raw), target, what),
             draft_layer="target",  # as before draft_layer existed (the same layer for Llama targets)
             embed_scale=target_embed_scale(target),
             aux_layer_ids=[int(i) for i in ids],
@@ -344,6 +344,22 @@ def _aux_ids(raw: dict[str, Any], target: nn.Module, what: str, convention: str)
         # explicit SGLang ids are captured at layer id+1; SGLang's own default (2, L//2, L-3) is not shifted
         ids = [int(i) + 1 for i in ids] if ids else default_aux_layer_ids(num_layers(target))
     return ids
+
+
+def llama_rope_default(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``rope_theta: 10000.0`` when it is a Llama draft config without RoPE keys.
+
+    The engines build such a draft layer from ``LlamaConfig``, whose default base is 10000, and SafeAILab's
+    ``traineagle3`` draft layer always rotates with base 10000 (its config.json has no ``rope_theta``),
+    whatever the target's (Llama-3: 500000); the target's base would be another function."""
+    layer = raw.get("transformer_layer_config", raw)
+    archs = layer.get("architectures") or raw.get("architectures") or []
+    llama = layer.get("model_type") == "llama" or any(a.startswith("Llama") for a in archs)
+    if not llama or "rope_theta" in layer or "rope_parameters" in layer:
+        return raw
+    if layer is raw:
+        return {**raw, "rope_theta": 10000.0}
+    return {**raw, "transformer_layer_config": {**layer, "rope_theta": 10000.0}}
 
 
 def _import_flags(raw: dict[str, Any], what: str) -> dict[str, bool]:
