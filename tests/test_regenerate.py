@@ -15,11 +15,10 @@ import os
 import datasets
 import pytest
 import torch
-from conftest import tiny_model
 
 import demo
 from train.data import DataConfig, DataError, build_datasets
-from train.regen_generate import batch_plan, greedy_decode, hf_generate_batch, prompt_chars
+from train.regen_generate import batch_plan, prompt_chars
 from train.regenerate import INDEX_KEY, RegenConfig, generate_batch, read_done, regenerate, run
 
 CODE = [
@@ -121,23 +120,6 @@ def test_generate_batch_left_padding_matches_one_by_one_and_stops_at_eos(target)
     assert cut == [c[: c.index(stop)] if stop in c else c for c in free]
     assert cut[0] == free[0][:3]
     assert generate_batch(model, prompts, max_new_tokens=8, eos=[stop], pad_id=1) == cut  # deterministic
-
-
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # RoPE (relative) and learned absolute positions
-def test_greedy_decode_drops_ended_rows_and_matches_target_generate_on_the_batch(target, arch):
-    """The decoding loop (rows removed from the batch as they end) against one padded target.generate call."""
-    model = target[0] if arch == "llama" else tiny_model("gpt2")
-    prompts = [[2, 10, 11, 12, 13, 14, 15], [2, 20], [2, 30, 31, 32], [2, 40, 41]]
-    free = hf_generate_batch(model, prompts, max_new_tokens=10, eos=[299], pad_id=1)
-    stops = [free[1][2], free[3][5]]  # rows 1 and 3 end early, at different steps; 0 and 2 maybe later
-    for eos in ([299], stops):
-        assert greedy_decode(model, prompts, max_new_tokens=10, eos=eos, pad_id=1) == hf_generate_batch(
-            model, prompts, max_new_tokens=10, eos=eos, pad_id=1
-        )
-    cut = greedy_decode(model, prompts, max_new_tokens=10, eos=stops, pad_id=1)
-    assert (
-        len(cut[1]) <= 2 and len(cut[3]) <= 5 and any(len(c) > 5 for c in cut)
-    )  # rows ended at different steps
 
 
 def test_batch_plan_groups_prompts_of_similar_length():

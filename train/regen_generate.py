@@ -91,89 +91,9 @@ def generate_batch(
 ) -> list[list[int]]:
     """Continue each prompt with the target; returns the new tokens of each, eos excluded.
 
-    Greedy (``temperature`` 0) runs `greedy_decode`, which drops each row from the batch as it ends;
-    sampling runs `hf_generate_batch`. Both left-pad the prompts (`_left_pad`), so every row decodes as
-    it would alone: transformers derives position ids from the attention mask.
-    """
-    if temperature > 0:
-        return hf_generate_batch(
-            model, prompts, max_new_tokens=max_new_tokens, eos=eos, pad_id=pad_id,
-            temperature=temperature, top_p=top_p, seed=seed,
-        )  # fmt: skip
-    return greedy_decode(model, prompts, max_new_tokens=max_new_tokens, eos=eos, pad_id=pad_id)
-
-
-@torch.inference_mode()
-def greedy_decode(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos: Sequence[int],
-    pad_id: int,
-) -> list[list[int]]:
-    """Greedy continuation of each prompt (eos excluded), as ``target.generate`` would decode it, with the
-    rows that have ended removed from the batch.
-
-    A prefill forward on the left-padded prompts [B, L], then one forward per new token on the live rows
-    only: when rows end (eos, or ``max_new_tokens`` reached) the KV cache, attention mask [B', L + t] and
-    position ids are cut to the remaining B' rows (``Cache.batch_select_indices``), so a long answer does
-    not keep finished rows computing. Position ids are ``cumsum(mask) - 1`` (1 on padding), as
-    ``generate`` computes them; the next token is ``argmax`` of the last position's logits. One host sync
-    per step (the new tokens, to find the rows that ended).
-    """
-    device = next(model.parameters()).device
-    input_ids, mask = (t.to(device) for t in _left_pad(prompts, pad_id))
-    position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    out = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1
-    )
-    cache, nxt = out.past_key_values, position[:, -1:] + 1  # nxt: [B', 1]
-    token = out.logits[:, -1].argmax(-1)  # [B']
-    results: list[list[int]] = [[] for _ in prompts]
-    live = list(range(len(prompts)))  # live[j]: the prompt of batch row j
-    stop = set(int(e) for e in eos)
-    while True:
-        keep = []
-        for j, t in enumerate(token.tolist()):
-            if t in stop:
-                continue
-            results[live[j]].append(t)
-            if len(results[live[j]]) < max_new_tokens:
-                keep.append(j)
-        if not keep:
-            return results
-        if len(keep) < len(live):
-            idx = torch.as_tensor(keep, device=device)
-            cache.batch_select_indices(idx)
-            mask, nxt, token = mask[idx], nxt[idx], token[idx]
-            live = [live[j] for j in keep]
-        mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=nxt,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, nxt = out.past_key_values, nxt + 1
-        token = out.logits[:, -1].argmax(-1)
-
-
-def hf_generate_batch(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    eos: Sequence[int],
-    pad_id: int,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-) -> list[list[int]]:
-    """`generate_batch` through one ``target.generate`` call on the left-padded batch.
-
-    ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
+    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (`_left_pad`), so
+    every row's last real token sits at position L-1 and ``generate`` appends at L; transformers derives
+    position ids from the mask, so a padded row decodes as it would alone. ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
     ``eos`` (rows that finished early keep computing, padded after their eos, until every row ends). One
     host sync per batch. Sampling (``temperature`` > 0) draws from ``softmax(logits / temperature)``
     restricted to the top-``top_p`` nucleus (1.0: the whole distribution), after

@@ -21,9 +21,7 @@ trains directly (``data.path: OUT.jsonl`` in a recipe).
 
 Generation is batched: rows are sorted by the length of their first prompt (characters; input order for
 ``text`` rows) and cut into batches of ``batch_size`` (`train.regen_generate.batch_plan`), left-padded with
-an attention mask; greedy decoding drops each row from its batch as it ends
-(`train.regen_generate.greedy_decode`), sampling runs one ``target.generate`` call per batch and turn. It
-stops at the target's eos (``generation_config.eos_token_id``, which may be a list, plus the tokenizer's
+an attention mask, into one ``target.generate`` call per batch and turn. It stops at the target's eos (``generation_config.eos_token_id``, which may be a list, plus the tokenizer's
 eos) or after ``max_new_tokens``, and is greedy at temperature 0. At temperature T > 0 it samples from ``softmax(logits / T)`` with no top-k/top-p/repetition penalty
 (the model's own generation_config is replaced for the call, so its sampling defaults do not leak in),
 seeded per batch from ``(seed, batch index, turn)``.
