@@ -59,7 +59,8 @@ class BenchmarkOptions:
     prompts: list[str] = field(
         default_factory=list,
         metadata=_help(
-            "[NAME=]JSONL: prompt set (rows with 'text' or chat 'messages'), repeatable. Default for the demo "
+            "[NAME=]JSONL: prompt set (rows with 'text' or chat 'messages'), or built in: mt-bench, humaneval "
+            "(bench/prompt_sets.py); repeatable. Default for the demo "
             "target: its held-out code prompts ('code') and a chat set built from other held-out prompts ('chat')"
         ),
     )

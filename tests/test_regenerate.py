@@ -18,6 +18,7 @@ import torch
 
 import demo
 from train.data import DataConfig, DataError, build_datasets
+from train.regen_generate import batch_plan, prompt_chars
 from train.regenerate import INDEX_KEY, RegenConfig, generate_batch, read_done, regenerate, run
 
 CODE = [
@@ -119,6 +120,17 @@ def test_generate_batch_left_padding_matches_one_by_one_and_stops_at_eos(target)
     assert cut == [c[: c.index(stop)] if stop in c else c for c in free]
     assert cut[0] == free[0][:3]
     assert generate_batch(model, prompts, max_new_tokens=8, eos=[stop], pad_id=1) == cut  # deterministic
+
+
+def test_batch_plan_groups_prompts_of_similar_length():
+    assert batch_plan([5, 1, 9, 1, 5, 2], 2) == [[1, 3], [5, 0], [4, 2]]
+    assert batch_plan([0] * 5, 2) == [[0, 1], [2, 3], [4]]  # text rows: input order
+    conv = [
+        {"from": "gpt", "value": "x" * 50},
+        {"from": "human", "value": "abc"},
+        {"from": "gpt", "value": "yy"},
+    ]
+    assert prompt_chars(conv, "sharegpt") == 3 and prompt_chars("any text", "text") == 0
 
 
 def test_text_rows_keep_the_prompt_and_continue_with_the_target(target, tmp_path):

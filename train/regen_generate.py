@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from heads.chat import ROLES
 from train.data import DataError, _render, to_messages
 
 _NO_ASSISTANT = "conversation has no assistant turn"
@@ -41,6 +42,42 @@ def context_length(model: nn.Module) -> int | None:
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 
+def prompt_chars(value: Any, fmt: str) -> int:
+    """A row's batching key: for chat rows the characters of the turns before the first assistant turn (its
+    first prompt), for ``text`` rows 0 (every prompt has ``prompt_tokens`` tokens)."""
+    if fmt == "text":
+        return 0
+    n = 0
+    for turn in value:
+        role = turn.get("role") if turn.get("role") is not None else turn.get("from")
+        if ROLES.get(role) == "assistant":
+            if n:
+                break
+            continue  # an assistant turn before any prompt: training drops it
+        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
+        n += len(content) if isinstance(content, str) else 0
+    return n
+
+
+def batch_plan(keys: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The batches of rows ``0 .. len(keys) - 1``: sorted by ``(keys[i], i)`` and cut into chunks of
+    ``batch_size``, so prompts of similar length share a batch and left padding stays short. A pure
+    function of all the rows, so a resumed run batches the remaining rows as an uninterrupted run would."""
+    order = sorted(range(len(keys)), key=lambda i: (keys[i], i))
+    return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``, both [B, L]: the prompts left-padded to the longest, mask 0 on padding."""
+    L = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        input_ids[b, L - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        attention_mask[b, L - len(p) :] = 1
+    return input_ids, attention_mask
+
+
 def generate_batch(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -49,23 +86,22 @@ def generate_batch(
     eos: Sequence[int],
     pad_id: int,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     seed: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt with the target; returns the new tokens of each, eos excluded.
 
-    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (0 on
-    padding), so every row's last real token sits at position L-1 and ``generate`` appends at L;
-    transformers derives position ids from the mask, so a padded row decodes as it would alone.
-    ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
-    ``eos`` (rows that finished early are padded after their eos). One host sync per batch.
+    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (`_left_pad`), so
+    every row's last real token sits at position L-1 and ``generate`` appends at L; transformers derives
+    position ids from the mask, so a padded row decodes as it would alone. ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
+    ``eos`` (rows that finished early keep computing, padded after their eos, until every row ends). One
+    host sync per batch. Sampling (``temperature`` > 0) draws from ``softmax(logits / temperature)``
+    restricted to the top-``top_p`` nucleus (1.0: the whole distribution), after
+    ``torch.manual_seed(seed)``.
     """
     device = next(model.parameters()).device
-    L = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        input_ids[b, L - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-        attention_mask[b, L - len(p) :] = 1
+    input_ids, attention_mask = _left_pad(prompts, pad_id)
+    L = input_ids.shape[1]
     sample = temperature > 0
     # A fresh config for the call: model.generation_config's own sampling defaults (top_p, top_k,
     # repetition_penalty, ...) would otherwise be merged in and change the distribution.
@@ -74,7 +110,7 @@ def generate_batch(
         do_sample=sample,
         temperature=temperature if sample else None,
         top_k=0 if sample else None,
-        top_p=1.0 if sample else None,
+        top_p=top_p if sample else None,
         eos_token_id=list(eos),
         pad_token_id=pad_id,
     )

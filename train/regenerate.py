@@ -19,20 +19,20 @@ Output rows keep the input's format, columns and key spellings (``from``/``value
 ``from``/``value``), plus ``source_index``: the row's 0-based index in the input. So the output file
 trains directly (``data.path: OUT.jsonl`` in a recipe).
 
-Generation is batched (rows are left-padded, with an attention mask, into one ``target.generate``
-call per batch and turn), stops at the target's eos (``generation_config.eos_token_id``, which may be
-a list, plus the tokenizer's eos) or after ``max_new_tokens``, and is greedy at temperature 0. At
-temperature T > 0 it samples from ``softmax(logits / T)`` with no top-k/top-p/repetition penalty
+Generation is batched: rows are sorted by the length of their first prompt (characters; input order for
+``text`` rows) and cut into batches of ``batch_size`` (`train.regen_generate.batch_plan`), left-padded with
+an attention mask, into one ``target.generate`` call per batch and turn. It stops at the target's eos (``generation_config.eos_token_id``, which may be a list, plus the tokenizer's
+eos) or after ``max_new_tokens``, and is greedy at temperature 0. At temperature T > 0 it samples from ``softmax(logits / T)`` with no top-k/top-p/repetition penalty
 (the model's own generation_config is replaced for the call, so its sampling defaults do not leak in),
 seeded per batch from ``(seed, batch index, turn)``.
 
 Resuming: rows are appended to ``OUT`` one JSON line each, and each batch is flushed and fsync'ed
 before the next starts. On restart the indices already in ``OUT`` are skipped; a last line without
-its newline (a write cut off by a crash) is removed first. Batches are fixed chunks of the input
-indices (``[k*B, (k+1)*B)``), so a resumed run with the same batch size generates every remaining
-row in the same batch as an uninterrupted run: greedy output is the same text. The settings that
-change the text (target, data, format, temperature, token budgets, seed, dtype) are recorded in
-``OUT.meta`` and a resume with different settings is refused.
+its newline (a write cut off by a crash) is removed first. The batches are planned from all the input
+rows, so a resumed run with the same batch size generates every remaining row in the same batch as an
+uninterrupted run: the output is the same text. Rows are written in batch order, each with its index.
+The settings that change the text (target, data, format, temperature, token budgets, seed, dtype) are
+recorded in ``OUT.meta`` and a resume with different settings is refused.
 
 Rows that cannot be regenerated are not written, and are counted in the report: chat rows with no
 assistant turn, and chat rows where some turn's prompt plus ``max_new_tokens`` exceeds the target's
@@ -61,10 +61,12 @@ from heads.graft import load_target
 from heads.io import atomic_text
 from train.data import DataError, _load, detect_format
 from train.regen_generate import (  # noqa: F401  (generate_batch, context_length: part of this module's API)
+    batch_plan,
     chat_row,
     context_length,
     eos_ids,
     generate_batch,
+    prompt_chars,
     regen_chat,
     regen_text,
 )
@@ -322,13 +324,10 @@ def regenerate(
     report.no_assistant, report.skipped_rows = len(skip), sorted(skip)
     if skip:
         logger.warning("%s: skipping %d of %d rows with no assistant turn", label, len(skip), n)
-    B = cfg.batch_size
-    # Fixed chunks of the input indices: a resumed run batches the remaining rows as an uninterrupted
-    # run would, so greedy output does not depend on where it was interrupted.
-    chunks = [
-        (k, [i for i in range(k * B, min(n, (k + 1) * B)) if i not in done and i not in skip])
-        for k in range(-(-n // B))
-    ]
+    # A plan fixed by all the rows (not the pending ones): a resumed run batches the remaining rows as an
+    # uninterrupted run would, so its output does not depend on where it was interrupted.
+    plan = batch_plan([prompt_chars(dataset[i][column], fmt) for i in range(n)], cfg.batch_size)
+    chunks = [(k, [i for i in idx if i not in done and i not in skip]) for k, idx in enumerate(plan)]
     pending = sum(len(idx) for _, idx in chunks)
     if not pending:
         logger.info("%s: all %d rows already regenerated", cfg.out, n)
