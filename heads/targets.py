@@ -24,10 +24,20 @@ import os
 
 import demo
 from demo.cache import build_cached, locked
+from demo.corpus import stdlib_files
 from demo.precision import FAST, fast_precision
 from heads import fetch, gguf
 
-__all__ = ["FAST", "NAMES", "SMOLLM2", "fast_precision", "is_builtin", "resolve", "resolve_data"]
+__all__ = [
+    "FAST",
+    "NAMES",
+    "SMOLLM2",
+    "fast_precision",
+    "is_builtin",
+    "resolve",
+    "resolve_data",
+    "stdlib_files",  # the demo's stdlib split, for code prompts that keep its held-out files out
+]
 
 SMOLLM2 = "smollm2-135m-instruct"
 DEMO_NAMES = demo.NAMES  # demo / demo-tiny -> the demo size

@@ -130,6 +130,11 @@ def recipe_data_kind(path: str) -> str:
     if data.get("path") in ("demo", "demo-tiny") or re.search(r"regenerate_data\.py .*--data demo\b", text):
         return "demo"
     src = str(data.get("path", ""))
+    regen = re.search(r"regenerate_data\.py .*?--data ([^\s\\]+)", text, re.S)
+    if regen and src.startswith("data/") and regen.group(1).count("/") == 1 and not regen.group(1).startswith(
+        ("out/", "data/")
+    ):
+        return "external"  # the target's answers to a Hub dataset's prompts: not built by the project
     if (
         src.count("/") == 1
         and not os.path.exists(os.path.join(ROOT, src))

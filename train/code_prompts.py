@@ -1,7 +1,7 @@
 """Code prompts from the Python sources installed on this machine: a function's signature and docstring,
 given as a user turn that asks the target to complete the function.
 
-Sources, in this order: the standard library's training files (`demo.corpus.stdlib_files` with split
+Sources, in this order: the standard library's training files (`heads.targets.stdlib_files`, the demo corpus's, with split
 ``train``: the demo's held-out files stay held out) and every ``.py`` file under the interpreter's
 site-packages (``sysconfig`` purelib and platlib). A function qualifies when it is public (no leading
 underscore), has a docstring of at least `MIN_DOC_CHARS` characters, a body after the docstring (so
@@ -74,7 +74,7 @@ def source_files(roots: list[str] | None = None, stdlib: bool = True) -> list[st
     files by relative path); excluded packages and tests are never listed (see the module docstring)."""
     files: list[str] = []
     if stdlib:
-        from demo.corpus import stdlib_files  # the demo's stdlib split: its held-out files stay out
+        from heads.targets import stdlib_files  # the demo's stdlib split: its held-out files stay out
 
         files.extend(stdlib_files("train"))
     for root in source_roots() if roots is None else roots:
