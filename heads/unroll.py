@@ -9,13 +9,8 @@ from transformers import DynamicCache
 
 
 def cached_unroll(
-    head: nn.Module,
-    input_ids: Tensor,
-    features: Tensor,
-    embed: nn.Module,
-    pair_mask: Tensor | None,
-    steps: int,
-) -> Tensor:
+    head: nn.Module, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
+) -> Tensor:  # fmt: skip
     """The training-time-test unroll of an EAGLE draft (EAGLE-3 paper, §3.3) on its own features, through the
     head's ordinary forward with a KV cache: [K, B, N, H] outputs o^j_k, K = ``steps``.
 
