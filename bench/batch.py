@@ -4,8 +4,8 @@
         [--repeats 3] [--threads 1] [--heads medusa eagle] [--train-steps 300]
 
 On the demo-tiny target (built and cached on first use, as `infer.load("demo-tiny")` does) with heads
-trained here for ``--train-steps`` full-batch Adam steps on the target's own greedy continuations of
-the demo corpus (Medusa: 4 heads on the target's lm_head; EAGLE-1: one draft layer), for each batch
+trained here for ``--train-steps`` full-batch AdamW steps on the target's own greedy continuations of
+the demo corpus through each head type's own training loss (`train_heads`), for each batch
 size B (the first B of the demo prompts, different lengths, left-padded) and mode (greedy; sampled
 with the target's generation config at temperature 1), four ways of producing ``--max-new-tokens`` new
 tokens for every prompt (EOS switched off, so every row makes exactly that many):
@@ -37,8 +37,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
-from heads import EagleHead, MedusaHeads, eagle_train_forward, run_target
+from heads import registry, run_target
 from heads.io import atomic_text
+from heads.registry import LossInputs
 from heads.targets import resolve
 
 
@@ -76,38 +77,26 @@ def self_text(target, tokenizer, data_dir: str) -> torch.Tensor:
         return target.generate(starts, max_new_tokens=80, do_sample=False, pad_token_id=0)
 
 
-def train_medusa(target, seqs: torch.Tensor, steps: int) -> nn.Module:
-    """4 Medusa heads on the target's lm_head: head k predicts token t+2+k from the state at t."""
+def train_heads(target, seqs: torch.Tensor, steps: int, head_type: str) -> nn.Module:
+    """Fresh heads of ``head_type`` (its defaults: Medusa 4 heads on the target's lm_head, EAGLE one Llama
+    draft layer) trained on ``seqs`` [n, T] for ``steps`` full-batch AdamW steps through the head type's
+    own training objective (`heads.registry.Objective`: the loss `train` optimises)."""
+    entry = registry.get(head_type)
+    heads = entry.module.for_target(target).train()
+    kwargs = entry.objective.target_kwargs(heads.config)
+    kwargs.pop("all_logits", None)  # run_target always returns every position's logits
     with torch.no_grad():
-        hidden = run_target(target, seqs).hidden[:, :-5].reshape(-1, target.config.hidden_size)
-    labels = [seqs[:, 2 + k : seqs.shape[1] - 3 + k].reshape(-1) for k in range(4)]
-    heads = MedusaHeads.for_target(target, num_heads=4).train()
-    opt = torch.optim.Adam(heads.parameters(), lr=3e-3)
-    lm = target.get_output_embeddings()
+        out = run_target(target, seqs, **kwargs)
+    ones = torch.ones_like(seqs)
+    batch = {"input_ids": seqs, "attention_mask": ones, "loss_mask": ones}
+    inputs = LossInputs(lm_head=target.get_output_embeddings(), embed=target.get_input_embeddings())
+    opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
     for _ in range(steps):
-        logits = heads(hidden, lm)  # [K, N, V]
-        loss = sum(nn.functional.cross_entropy(logits[k], labels[k]) for k in range(4))
+        loss, _ = entry.objective.loss(heads, out, batch, inputs)
         opt.zero_grad()
         loss.backward()
         opt.step()
     return heads.eval().requires_grad_(False)
-
-
-def train_eagle(target, seqs: torch.Tensor, steps: int) -> nn.Module:
-    """An EAGLE-1 head through the project's own training loss."""
-    with torch.no_grad():
-        out = run_target(target, seqs)
-    head = EagleHead.for_target(target).train()
-    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    ones = torch.ones_like(seqs)
-    for _ in range(steps):
-        loss, _ = eagle_train_forward(
-            head, out, seqs, ones, ones, target.get_output_embeddings(), target.get_input_embeddings()
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return head.eval().requires_grad_(False)
 
 
 def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,11 +225,10 @@ def bench_batch(opts: BenchBatchOptions, argv: list[str]) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     target.generation_config.eos_token_id = None  # every row makes exactly max_new_tokens
     seqs = self_text(target, tokenizer, data_dir)
-    trainers = {"medusa": train_medusa, "eagle": train_eagle}
     specs = {}
     for name in opts.heads:
         with torch.enable_grad():
-            specs[name] = infer.SpecModel(target, trainers[name](target, seqs, opts.train_steps))
+            specs[name] = infer.SpecModel(target, train_heads(target, seqs, opts.train_steps, name))
     prompts = corpus_ids(tokenizer, f"{data_dir}/prompts.jsonl", max(opts.batches), 64)
     cells = measure(opts, target, specs, prompts)
     report = {

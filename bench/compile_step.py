@@ -12,8 +12,8 @@ then one compiled call on a 24-token prompt (another length). Every call produce
 with and without compile (greedy identity with ``target.generate`` is checked per call), so the two
 settings do the same steps. Per call: wall seconds (the first compiled call includes compiling),
 tokens/s, identity, and the graphs dynamo compiled during the call, per step (the verify step, the
-Medusa step, the EAGLE step: cache entries of their code objects); per head type the medians and the
-per-pair compiled / eager ratio; at the end the graph breaks dynamo met (its counters). ``--cold``
+Medusa step ``medusa_topk``, the EAGLE step ``draft_step``: cache entries of their code objects); per
+head type the medians and the per-pair compiled / eager ratio; at the end the graph breaks dynamo met (its counters). ``--cold``
 (default) compiles into an empty inductor cache, so that the first call's time is a cold compile.
 Writes ``bench_compile.json`` / ``bench_compile.md`` to ``--out``.
 """
@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM
 
 import infer
 from bench.batch import machine
-from heads import Eagle3Head, EagleHead, MedusaHeads
+from heads import registry
 from heads.io import atomic_text
 from heads.targets import resolve
 from infer.compiled import CompiledStep
@@ -44,7 +44,7 @@ from infer.draft import medusa_topk
 from infer.eagle_draft import draft_step
 from infer.tree import chain
 
-STEPS = {"verify": CompiledStep._forward, "medusa": medusa_topk, "eagle": draft_step}
+STEPS = {"verify": CompiledStep._forward, "medusa_topk": medusa_topk, "draft_step": draft_step}
 EAGLE_TREE = {"depth": 4, "draft_top_k": 4, "total_tokens": 16}
 
 
@@ -68,11 +68,13 @@ def graphs() -> dict[str, int]:
 
 
 def spec_for(target, kind: str) -> tuple[infer.SpecModel, dict]:
+    """Untrained seeded heads of head type ``kind`` and the tree options: a 3-token chain of 3 heads for a
+    static tree, a llama draft layer on `EAGLE_TREE` for a dynamic one (the registry entry's ``tree``)."""
     torch.manual_seed(0)
-    if kind == "medusa":
-        return infer.SpecModel(target, MedusaHeads.for_target(target, num_heads=3).eval(), tree=chain(3)), {}
-    head = {"eagle": EagleHead, "eagle3": Eagle3Head}[kind].for_target(target, draft_layer="llama").eval()
-    return infer.SpecModel(target, head), EAGLE_TREE
+    entry = registry.get(kind)
+    if entry.tree == "static":
+        return infer.SpecModel(target, entry.module.for_target(target, num_heads=3).eval(), tree=chain(3)), {}
+    return infer.SpecModel(target, entry.module.for_target(target, draft_layer="llama").eval()), EAGLE_TREE
 
 
 def timed_call(target, spec, tree: dict, prompt: torch.Tensor, n: int, compile) -> dict:
@@ -144,9 +146,10 @@ def markdown(report: dict) -> str:
 
 def bench_compile(opts: BenchCompileOptions, argv: list[str]) -> dict:
     kinds = [k.strip() for k in opts.heads.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in ("medusa", "eagle", "eagle3")]
+    bad = [k for k in kinds if k not in registry.REGISTRY]
     if bad or not kinds:
-        raise ValueError(f"--heads takes medusa, eagle, eagle3 (comma-separated); got {opts.heads!r}")
+        known = ", ".join(sorted(registry.REGISTRY))
+        raise ValueError(f"--heads takes {known} (comma-separated); got {opts.heads!r}")
     torch.set_num_threads(opts.threads)
     saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="inductor-cache-") as tmp:

@@ -33,13 +33,17 @@ import os
 import sys
 import tempfile
 
-EXPORT_TO = {
-    ("vllm", "eagle"): "vllm",
-    ("vllm", "eagle3"): "speculators",
-    ("vllm", "medusa"): "vllm",
-    ("sglang", "eagle"): "sglang",
-    ("sglang", "eagle3"): "sglang",
-}
+# engine -> the export formats (`heads.convert`) it loads, preferred first; a head type's format is the
+# first of these its registry entry exports
+ENGINE_FORMATS = {"vllm": ("speculators", "vllm"), "sglang": ("sglang",)}
+
+
+def export_to(engine: str, head_type: str) -> str | None:
+    """The export format ``engine`` loads heads of ``head_type`` from, or None where it serves none."""
+    from heads import registry
+
+    exports = registry.get(head_type).exports
+    return next((f for f in ENGINE_FORMATS[engine] if f in exports), None)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -83,11 +87,11 @@ def selfspec_run(o: argparse.Namespace, ids: list[list[int]], model) -> dict:
     import torch
 
     import infer
+    from heads import registry
 
-    kind = model.heads.config.head_type
     shape = (
         {"tree": infer.chain(o.depth)}
-        if kind == "medusa"
+        if registry.of(model.heads).tree == "static"
         else {"depth": o.depth, "draft_top_k": 1, "total_tokens": o.depth + 1}
     )
     device = model.target.get_output_embeddings().weight.device
@@ -165,12 +169,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def check(o: argparse.Namespace) -> dict:
     import infer
-    from heads.convert import export_heads
+    from heads.convert import export_heads, needs_target_weights
 
     model = infer.load(o.target, heads=o.heads, dtype=o.dtype)
     kind = model.heads.config.head_type
     method = kind  # the engines' method names are selfspec's head types (SGLang's upper-cased)
-    if (o.engine, method) not in EXPORT_TO:
+    to = export_to(o.engine, kind)
+    if to is None:
         print(f"gpu_engine_check: {o.engine} serves no {kind} heads", file=sys.stderr)
         raise SystemExit(2)
     tok = model.tokenizer
@@ -180,12 +185,12 @@ def check(o: argparse.Namespace) -> dict:
         tok = AutoTokenizer.from_pretrained(o.target)
     ids = prompt_ids(tok, o.prompts, o.n)
     draft = tempfile.mkdtemp(prefix="engine-draft-")
-    lm = model.target.get_output_embeddings().weight if kind == "medusa" else None
+    lm = model.target.get_output_embeddings().weight if needs_target_weights(model.heads, to) else None
     try:  # before the long runs: an export the engine cannot serve is refused in one line
         export_heads(
             model.heads,
             draft,
-            EXPORT_TO[(o.engine, method)],
+            to,
             lm,
             speculative_tokens=o.depth,
             target=model.target,

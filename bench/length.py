@@ -4,10 +4,10 @@ whole context (what ``scripts/bench_length.py`` runs; measured, never asserted).
     python scripts/bench_length.py --out results/length [--target demo-tiny] [--heads eagle]
         [--repeats 2] [--threads 1] [--train-steps 300]
 
-On a demo target (``demo-tiny``, or ``demo`` for the full one) with heads trained here by the trainers
-of `bench.batch` (Medusa: 4 heads; EAGLE-1: one draft layer) or heads given as ``LABEL=DIR``
-(trained by ``train/train_heads.py`` for that target; their saved tree or EAGLE-2 budget), for a short
-prompt (16 tokens) and a long one (half the context, demo texts concatenated), one greedy run of `infer.generate` and one
+On a demo target (``demo-tiny``, or ``demo`` for the full one) with heads trained here by
+`bench.batch.train_heads` (a head type's name: its defaults and its own training loss) or heads given
+as ``LABEL=DIR`` (trained by ``train/train_heads.py`` for that target; their saved tree or EAGLE-2
+budget), for a short prompt (16 tokens) and a long one (half the context, demo texts concatenated), one greedy run of `infer.generate` and one
 of ``target.generate`` each make every token up to the end of the context (EOS switched off; the
 speculative run stops ``depth + 1`` short, so that every tree node's position is inside the context).
 A streamer timestamps every ``put``: for `infer.generate` one put per verify step (its accepted tokens),
@@ -37,7 +37,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import infer
-from bench.batch import corpus_ids, machine, self_text, train_eagle, train_medusa
+from bench.batch import corpus_ids, machine, self_text, train_heads
+from heads import registry
 from heads.io import atomic_text, atomic_write
 from heads.targets import resolve
 
@@ -220,9 +221,10 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
     """``scripts/bench_length.py``: train the heads, measure, write the report and the plot."""
     if opts.target not in ("demo-tiny", "demo"):
         raise SystemExit(f"--target must be demo-tiny or demo, got {opts.target!r}")
-    trainers = {"medusa": train_medusa, "eagle": train_eagle}
-    if unknown := [h for h in opts.heads if h not in trainers and "=" not in h]:
-        raise SystemExit(f"unknown --heads {unknown}: choose from {sorted(trainers)} or give LABEL=DIR")
+    if unknown := [h for h in opts.heads if h not in registry.REGISTRY and "=" not in h]:
+        raise SystemExit(
+            f"unknown --heads {unknown}: choose from {sorted(registry.REGISTRY)} or give LABEL=DIR"
+        )
     if missing := [h for h in opts.heads if "=" in h and not os.path.isdir(h.split("=", 1)[1])]:
         raise SystemExit(f"--heads {missing}: no such heads directory")
     torch.set_num_threads(opts.threads)
@@ -239,7 +241,7 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
         seqs = self_text(target, tokenizer, data_dir)
         for name in trained:
             with torch.enable_grad():
-                specs[name] = infer.SpecModel(target, trainers[name](target, seqs, opts.train_steps))
+                specs[name] = infer.SpecModel(target, train_heads(target, seqs, opts.train_steps, name))
     ctx = target.config.max_position_embeddings
     texts = corpus_ids(tokenizer, f"{data_dir}/prompts.jsonl", 64, ctx)
     long = torch.cat(texts)[: ctx // 2]

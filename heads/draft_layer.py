@@ -4,8 +4,8 @@ Shared by `heads.eagle` and `heads.eagle3` (one implementation each; their confi
 `heads.draft_config`): building the layer (`build_layer`:
 a Llama layer or one of the target's own architecture, `build_draft_layer`), the additive causal mask,
 the target's logit transform, and `DraftLayerMixin`: the RoPE module kept out of the module tree, the
-layer's name for its cache argument, a draft step's default positions and mask, ``for_target`` and the
-cache-based training-time-test unroll (`cached_unroll`).
+layer's name for its cache argument, a draft step's default positions and mask and ``for_target``
+(the cache-based training-time-test unroll through this layer is `heads.unroll.cached_unroll`).
 
 The layer the serving engines know is a Llama decoder layer sized from the target.
 
@@ -19,7 +19,7 @@ The layer the serving engines know is a Llama decoder layer sized from the targe
   mixtures of experts, ...). The config is resolved once (`llama_layer_config`) and stored in the heads
   config as ``draft_layer_config``; `draft_llama_config` returns it, for exports.
 - ``"target"``: a layer of the target's own architecture (`heads.draft_layer.build_draft_layer`), for targets
-  whose engine has a native draft class. Heads saved before ``draft_layer`` existed load as ``"target"``.
+  whose engine has a native draft class.
 
 Sizing, from the target's text config (read through its own config class, so GPT-2's ``n_embd`` /
 ``n_head`` and the like resolve): hidden size, attention heads, KV heads (Falcon: 1 for multi-query,
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from heads.graft import target_dims
 
@@ -340,7 +340,6 @@ def build_layer(config: Any) -> tuple[nn.Module, nn.Module, Any]:
     return layer, rotary, layer_config
 
 
-
 class DraftLayerMixin:
     """What `heads.eagle.EagleHead` and `heads.eagle3.Eagle3Head` share around their one decoder layer."""
 
@@ -413,39 +412,3 @@ class DraftLayerMixin:
             **{self._cache_kwarg: cache},
             **extra,
         )
-
-
-def cached_unroll(
-    head: nn.Module, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
-) -> Tensor:
-    """The training-time-test unroll of an EAGLE draft (EAGLE-3 paper, §3.3) on its own features, through the
-    head's ordinary forward with a KV cache: [K, B, N, H] outputs o^j_k, K = ``steps``.
-
-    input_ids: [B, N + K - 1] with input_ids[:, k] = x_{k+1} (step j reads input_ids[:, j : j + N]);
-    features: [B, N, F] the target's features of the N pairs (last hidden state for EAGLE-1/2, the aux
-    states for EAGLE-3); pair_mask: [B, N] (1 = both tokens of the pair are real) or None (all real).
-    Step 0 runs the pairs (x_{k+1}, f_k) causally at positions k; step j >= 1 runs (x_{k+1+j}, o^{j-1}_k)
-    at position k + j and attends to the step-0 keys of pairs <= k and to pair k's own keys at steps
-    1..j: the attention a depth-(j+1) tree path gets at inference (``infer.eagle_draft``). Output j at
-    pair k predicts the feature whose logits score token k+2+j. Memory O(K² N²) for the masks.
-    """
-    B, N = features.shape[:2]
-    if input_ids.shape != (B, N + steps - 1):
-        raise ValueError(f"TTT input_ids must be [B, N + K - 1] = {(B, N + steps - 1)}, got {input_ids.shape}")
-    device, dtype = features.device, head.fc.weight.dtype
-    pair = pair_mask.bool() if pair_mask is not None else torch.ones(B, N, dtype=torch.bool, device=device)
-    cache = DynamicCache()
-    out = head(input_ids[:, :N], features, embed, attention_mask=pair.long(), cache=cache)
-    outs = [out]
-    k = torch.arange(N, device=device)
-    prefix = (k[None, :] <= k[:, None])[None] & pair[:, None, :]  # [B, N, N] step-0 keys
-    eye = torch.eye(N, dtype=torch.bool, device=device).expand(B, N, N)
-    neg = torch.finfo(dtype).min
-    for j in range(1, steps):
-        allowed = torch.cat([prefix] + [eye] * j, 2)  # step 0, steps 1..j-1, this step
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)
-        out = head(
-            input_ids[:, j : j + N], out, embed, position_ids=(k + j)[None], attention_mask=mask[:, None], cache=cache
-        )
-        outs.append(out)
-    return torch.stack(outs)

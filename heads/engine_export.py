@@ -19,6 +19,7 @@ from heads.base import load_heads
 from heads.config import parse_cli
 from heads.convert import EXPORT_FORMATS, export_heads, needs_embed_scale, needs_target_weights
 from heads.graft import load_target
+from heads.registry import REGISTRY, get
 
 
 @dataclass
@@ -47,27 +48,17 @@ class ExportOptions:
             raise ValueError(f"--to {self.to!r}: not a format; choose from {', '.join(EXPORT_FORMATS)}")
 
 
-# (head type, target model_type, format) -> why no engine serves that export (read from the engines'
-# model classes: vLLM 0.33, SGLang 0.5.23; tests/test_engines.py runs each pair in the engine's own code and
-# fails once one is served). ``vllm`` is the EAGLE-3 alias of ``speculators``.
-_NO_EAGLE3 = "vLLM's `{}` does not implement `SupportsEagle3` (the hidden states EAGLE-3 reads)"
-_G2 = "`Gemma2ForCausalLM`"
-UNSERVED: dict[tuple[str, str, str], str] = {
-    ("eagle", "gemma2", "vllm"): f"vLLM's {_G2} has no `lm_head` to share, so the EAGLE draft has none",
-    ("eagle", "gemma2", "sglang"): f"SGLang's {_G2} has no `get_embed_and_head` for the EAGLE worker",
-    ("eagle3", "gemma2", "speculators"): _NO_EAGLE3.format("Gemma2ForCausalLM"),
-    ("eagle3", "gemma2", "vllm"): _NO_EAGLE3.format("Gemma2ForCausalLM"),
-    ("eagle3", "gemma2", "sglang"): f"SGLang's {_G2} has no `set_eagle3_layers_to_capture`",
-    ("eagle3", "gemma3_text", "speculators"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
-    ("eagle3", "gemma3_text", "vllm"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
-}
+def unserved() -> dict[tuple[str, str, str], str]:
+    """(head type, target model_type, format) -> why no engine serves that export: every registry entry's
+    ``unserved`` pairs (tests/test_engines.py runs each pair in the engine's own code)."""
+    return {(e.name, mt, to): why for e in REGISTRY.values() for (mt, to), why in e.unserved.items()}
 
 
 def check_served(head_type: str, target_config: dict, to: str) -> None:
     """Raise ``ValueError`` (one line, before the target is loaded or anything written) for an export that
     no engine serves."""
     mt = str((target_config or {}).get("model_type", ""))
-    why = UNSERVED.get((head_type, mt, to))
+    why = get(head_type).unserved.get((mt, to))
     if why is not None:
         raise ValueError(
             f"not exporting {head_type} heads for a {mt!r} target to {to!r}: no engine would serve them "
@@ -78,7 +69,7 @@ def check_served(head_type: str, target_config: dict, to: str) -> None:
 def export(o: ExportOptions) -> list[str]:
     """Write the export of ``o.heads`` in format ``o.to`` into ``o.out``; returns the written paths.
     A needed but unknown target is a ``SystemExit`` naming what to pass; a pair no engine serves
-    (`UNSERVED`) a ``ValueError`` saying why."""
+    (`unserved`) a ``ValueError`` saying why."""
     heads = load_heads(o.heads)
     check_served(heads.config.head_type, getattr(heads.config, "target_config", None) or {}, o.to)
     lm_head = target = None

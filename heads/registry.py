@@ -17,6 +17,8 @@ What an entry carries:
   ``"dynamic"`` (an EAGLE-2 budget: total_tokens, depth, draft_top_k).
 - ``exports``: export format name -> `ExportFormat` (the mapping to an engine's layout; `heads.convert`).
 - ``export_notes``: format name -> why this head type does not export to it (said in the refusal).
+- ``unserved``: (target ``model_type``, format name) -> why no engine serves this head type's export
+  for such a target (read from the engines' model classes; `heads.engine_export` refuses these pairs).
 - ``detect``: ``fn(raw_config) -> format name or None``: which of this method's foreign layouts a
   ``config.json`` without selfspec's ``head_type`` is (`heads.convert.detect_format` asks every entry);
   ``import_state``: ``fn(directory, raw_config, target) -> module`` reads such a checkpoint, or None.
@@ -135,6 +137,7 @@ class HeadType:
     import_state: Callable[..., nn.Module] | None = None
     detect: Callable[[dict[str, Any]], str | None] | None = None
     export_notes: dict[str, str] = field(default_factory=dict)
+    unserved: dict[tuple[str, str], str] = field(default_factory=dict)
     title: str = ""
     tags: tuple[str, ...] = ()
     predicts: Callable[[int], str] | None = None

@@ -21,14 +21,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "engines"))  # the case list the tests run
 from cases import CASES, RESULTS, TABLE  # noqa: E402
 
-HEAD_NAMES = {
-    "medusa": "Medusa",
-    "medusaown": "Medusa (own lm_heads)",
-    "eagle": "EAGLE-1",
-    "eaglebias": "EAGLE-1 (fc bias)",
-    "eagle3": "EAGLE-3",
-    "eagle3full": "EAGLE-3 (full vocab)",
-    "eagle31": "EAGLE-3.1",
+sys.path.insert(0, ROOT)
+from heads import registry  # noqa: E402
+
+# a case's heads column: its head type's registry title, or for a variant of the head type (the case's
+# ``method``) that title formatted into the variant's label
+VARIANTS = {
+    "medusaown": "{} (own lm_heads)",
+    "eaglebias": "{} (fc bias)",
+    "eagle3full": "{} (full vocab)",
+    "eagle31": "{}.1",  # EAGLE-3.1
 }
 HEADER = ["| heads | draft layer | target | `--to` | engine | result |", "|---|---|---|---|---|---|"]
 
@@ -36,13 +38,14 @@ HEADER = ["| heads | draft layer | target | `--to` | engine | result |", "|---|-
 def table_rows(results: dict[str, dict]) -> dict[str, str]:
     """Case id -> its table line, for the cases ``results`` holds (each row carries its ``verdict``)."""
     lines = {}
-    for cid, head, layer, arch, to, engine, _ in CASES:
+    for cid, head, layer, arch, to, engine, method in CASES:
         if cid not in results:
             continue
         eng = {"sglang": "sglang-0.5.23", "vllm": "vllm-0.33.0"}[to] if engine is None else engine
         eng = eng.replace("vllm-", "vLLM ").replace("sglang-", "SGLang ")
         text = results[cid]["verdict"].replace("|", "/")
-        lines[cid] = f"| {HEAD_NAMES[head]} | {layer} | {arch} | `{to}` | {eng} | {text} |"
+        title = VARIANTS.get(head, "{}").format(registry.get(method).title)
+        lines[cid] = f"| {title} | {layer} | {arch} | `{to}` | {eng} | {text} |"
     return lines
 
 

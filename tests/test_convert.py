@@ -778,13 +778,14 @@ def _unserved_case_ids() -> dict[str, tuple[str, str, str]]:
 
 
 def test_unserved_exports_are_the_pairs_the_engines_refuse():
-    """The CLI's refusals (`heads.engine_export.UNSERVED`) are exactly the pairs test_engines.py finds
-    refused in the engines' own code (``vllm`` being EAGLE-3's alias of ``speculators``)."""
-    from heads.engine_export import UNSERVED
+    """The CLI's refusals (the registry entries' ``unserved``, `heads.engine_export.unserved`) are exactly
+    the pairs test_engines.py finds refused in the engines' own code (``vllm`` being EAGLE-3's alias of
+    ``speculators``)."""
+    from heads.engine_export import unserved
 
     refused = set(_unserved_case_ids().values())
     aliased = {(h, a, "vllm") for h, a, to in refused if h == "eagle3" and to == "speculators"}
-    assert set(UNSERVED) == refused | aliased
+    assert set(unserved()) == refused | aliased
 
 
 @pytest.mark.parametrize(

@@ -735,11 +735,11 @@ def test_ttt_unroll_is_eval_heads_unroll(draft_layer):
 
 
 def test_cached_unroll_agrees_with_eagle3_ttt_kernel():
-    """The one cache-based unroll (`heads.draft_layer.cached_unroll`, EAGLE-1/2's ``ttt_unroll``) computes
+    """The one cache-based unroll (`heads.unroll.cached_unroll`, EAGLE-1/2's ``ttt_unroll``) computes
     on an EAGLE-3 head what its TTT attention kernel computes (`Eagle3Head.ttt_unroll`): the two
     implementations of the training-time test are the same function."""
     from heads import Eagle3Head
-    from heads.draft_layer import cached_unroll
+    from heads.unroll import cached_unroll
 
     m = target("llama")
     torch.manual_seed(2)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from heads.draft_layer import cached_unroll
+from heads.unroll import cached_unroll
 from infer.evaluate import RankStats, batch_ranks, evaluate_heads, summary
 
 
 def unroll_eagle(head, embed, input_ids, feats, attention_mask, steps):
-    """`heads.draft_layer.cached_unroll` (the cache + 4D-mask unroll behind both EAGLE heads' inference-style
+    """`heads.unroll.cached_unroll` (the cache + 4D-mask unroll behind both EAGLE heads' inference-style
     evaluation) called the way `infer.evaluate` calls it: ``steps`` x [B, T-1, H]."""
     B = input_ids.shape[0]
     toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, steps - 1)], 1)

@@ -82,6 +82,13 @@ from heads.eagle.loss import OBJECTIVE, eagle_loss, eagle_train_forward
 from heads.eagle.module import EagleHead
 from heads.registry import HeadType, register
 
+# (target model_type, format) -> why no engine serves these heads' export (vLLM 0.33, SGLang 0.5.23)
+_G2 = "`Gemma2ForCausalLM`"
+UNSERVED = {
+    ("gemma2", "vllm"): f"vLLM's {_G2} has no `lm_head` to share, so the EAGLE draft has none",
+    ("gemma2", "sglang"): f"SGLang's {_G2} has no `get_embed_and_head` for the EAGLE worker",
+}
+
 register(
     HeadType(
         name="eagle",
@@ -94,6 +101,7 @@ register(
         import_state=import_state,
         detect=detect,
         export_notes=EXPORT_NOTES,
+        unserved=UNSERVED,
         title="EAGLE-1/2",
         tags=("eagle", "eagle-2"),
     )

@@ -6,15 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heads.draft_layer import (
-    DraftLayerMixin,
-    cached_unroll,
-    causal_mask,
-    soft_cap,
-    target_logit_transform,
-)
+from heads.draft_layer import DraftLayerMixin, causal_mask, soft_cap, target_logit_transform
 from heads.eagle.config import EagleConfig
 from heads.hub import HubMixin
+from heads.unroll import cached_unroll
 from heads.vocab import DraftVocabMixin
 
 
@@ -70,14 +65,16 @@ class EagleHead(DraftVocabMixin, DraftLayerMixin, HubMixin, nn.Module):
         dtype = self.fc.weight.dtype
         emb = embed(input_ids).to(dtype)
         h = self.fc(torch.cat([emb, features.to(dtype)], dim=-1))  # [B, T, H]
-        position_ids, attention_mask = self._step_inputs(T, cache, position_ids, attention_mask, dtype, h.device)
+        position_ids, attention_mask = self._step_inputs(
+            T, cache, position_ids, attention_mask, dtype, h.device
+        )
         return self._call_layer(self.layers[0], h, position_ids, attention_mask, cache)
 
     def ttt_unroll(
         self, input_ids: Tensor, features: Tensor, embed: nn.Module, pair_mask: Tensor | None, steps: int
     ) -> Tensor:
         """The draft unrolled on its own features, as `heads.eagle3.Eagle3Head.ttt_unroll`: [K, B, N, H]
-        outputs f̂ (`heads.draft_layer.cached_unroll`; ``logits(out[j])`` scores token k+2+j at pair k).
+        outputs f̂ (`heads.unroll.cached_unroll`; ``logits(out[j])`` scores token k+2+j at pair k).
 
         input_ids: [B, N + K - 1] (x_{k+1} at column k); features: [B, N, H] the target's f_k;
         pair_mask: [B, N] or None; steps: K."""

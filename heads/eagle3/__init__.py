@@ -86,6 +86,17 @@ from heads.eagle3.loss import OBJECTIVE, eagle3_loss, eagle3_train_forward, ttt_
 from heads.eagle3.module import Eagle3Head
 from heads.registry import HeadType, register
 
+# (target model_type, format) -> why no engine serves these heads' export (vLLM 0.33, SGLang 0.5.23);
+# ``vllm`` is EAGLE-3's alias of ``speculators``
+_NO_EAGLE3 = "vLLM's `{}` does not implement `SupportsEagle3` (the hidden states EAGLE-3 reads)"
+UNSERVED = {
+    ("gemma2", "speculators"): _NO_EAGLE3.format("Gemma2ForCausalLM"),
+    ("gemma2", "vllm"): _NO_EAGLE3.format("Gemma2ForCausalLM"),
+    ("gemma2", "sglang"): "SGLang's `Gemma2ForCausalLM` has no `set_eagle3_layers_to_capture`",
+    ("gemma3_text", "speculators"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
+    ("gemma3_text", "vllm"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
+}
+
 register(
     HeadType(
         name="eagle3",
@@ -98,6 +109,7 @@ register(
         import_state=import_state,
         detect=detect,
         export_notes=EXPORT_NOTES,
+        unserved=UNSERVED,
         title="EAGLE-3",
         tags=("eagle", "eagle-3"),
     )
