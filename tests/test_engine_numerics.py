@@ -46,7 +46,7 @@ tree building, multi-step feedback through the cache) and acceptance: those need
 Also checked: ``target_out``, the engine's own target forward after its final norm against HF's (so an
 ``aux`` difference is the capture, not the target). The per-layer ``aux.0..2`` errors name the layer
 whose capture differs. SGLang's Gemma-3 capture differs (`SGLANG_GEMMA3_CAPTURE`): that case has its own
-test. docs/engine-numerics.md has the same list as a table.
+test. docs/serving.md ("What the engines compute") has the same list as a table.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ CUDA-only ``torchvision`` and ``sgl_kernel`` under SGLang, none under vLLM). For
 `tests/engines/cases.py`, tiny random heads on a tiny target (Llama, Qwen3, Qwen2, Phi-3, Gemma-2,
 Gemma-3; 4 layers) are exported with ``scripts/export_heads.py``'s code and loaded in a subprocess
 inside that venv by `tests/engines/vllm_check.py` or `sglang_check.py`: the engine's own argument parser
-(the README's serve flags), config parsing, registry, draft construction, ``load_weights`` and
+(the serve flags of the README and docs/serving.md), config parsing, registry, draft construction, ``load_weights`` and
 embedding/lm_head sharing. Asserted per pair: every draft parameter loaded (NaN-filled before), no
 checkpoint tensor dropped (only ``t2d``, which both engines skip by design, and SGLang's ``d2t``, which
 it turns into ``hot_token_id``, checked), the vocab map inside the target vocab, the hidden states the
@@ -17,8 +17,8 @@ sqrt(H) folded in by the export). Pairs in ``cases.NOT_SERVED`` must fail in the
 error named there. The results (with each row's table verdict) are written only to the test's temporary
 directory; ``scripts/engine_table.py`` writes ``results/engine-support/`` from them, and
 `test_committed_table_is_the_scripts_output` fails, naming that file, when the committed table differs
-(the README quotes the table: tests/test_convert.py checks the quote and that table.md is the script's
-output for the committed results.json).
+(docs/serving.md quotes the table: tests/test_convert.py checks the quote and that table.md is the
+script's output for the committed results.json).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from install import engine_python  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, VD = 4, 64
-SERVE = {  # the README's serve flags (local paths), plus the CPU test's --dtype/--max-model-len
+SERVE = {  # the documented serve flags (local paths; SGLang as a chain: topk 1), plus the CPU test's flags
     "vllm": "--model {target} --speculative-config '{spec}' --skip-tokenizer-init --dtype float32 "
     "--max-model-len 64 --enforce-eager",
     "sglang": "--model-path {target} --speculative-algorithm {algo} --speculative-draft-model-path {draft} "
