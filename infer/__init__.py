@@ -40,16 +40,20 @@ __all__ = [
     "load",
 ]
 
-# The proposer each registry entry names (`heads.registry.HeadType.proposer`), built from the heads, the
-# target and the tree shape: {"tree": paths} for static trees, the EAGLE-2 budget for dynamic ones.
+def _dynamic(cls: type) -> Callable[[nn.Module, nn.Module, dict], Proposer]:
+    return lambda heads, target, shape: cls(
+        heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape
+    )
+
+
+# The proposer each registry entry names (`heads.registry.HeadType.proposer_for`), built from the heads,
+# the target and the tree shape: {"tree": paths} for static trees, the EAGLE-2 budget for dynamic ones.
 PROPOSERS: dict[str, Callable[[nn.Module, nn.Module, dict], Proposer]] = {
     "static_tree": lambda heads, target, shape: MedusaProposer(
         heads, target.get_output_embeddings(), shape["tree"]
     ),
-    # heads trained for parallel drafting (EAGLE-3's parallel_draft > 0) draft all depths in one forward
-    "eagle": lambda heads, target, shape: (
-        ParallelProposer if getattr(heads.config, "parallel_draft", 0) else EagleProposer
-    )(heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape),
+    "eagle": _dynamic(EagleProposer),
+    "parallel": _dynamic(ParallelProposer),
 }
 
 
@@ -94,7 +98,7 @@ class SpecModel:
         kind = self.heads.config.head_type
         if registry.of(self.heads).tree != "static":
             raise ValueError(
-                f"tree= is for static-tree (medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
+                f"tree= is for static-tree (Medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
             )
         return check_paths(tree, "tree", self.heads.config.num_heads, self.heads.config.vocab_size)
 
@@ -124,16 +128,15 @@ class SpecModel:
         else:
             if dynamic:
                 raise ValueError(
-                    f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {entry.name!r}"
+                    f"{sorted(dynamic)} only apply to dynamic-tree (EAGLE) heads, not {entry.name!r}"
                 )
             paths = self._checked_tree(tree) if tree is not None else None
             num_heads, nodes = self.heads.config.num_heads, self.settings.default_tree_nodes
             shape = {"tree": paths or self.tree or self.settings.tree or default_tree(num_heads, nodes)}
-        build = PROPOSERS.get(entry.proposer)
+        name = entry.proposer_for(self.heads.config)
+        build = PROPOSERS.get(name)
         if build is None:
-            raise ValueError(
-                f"{entry.name} heads name proposer {entry.proposer!r}; infer has {sorted(PROPOSERS)}"
-            )
+            raise ValueError(f"{entry.name} heads name proposer {name!r}; infer has {sorted(PROPOSERS)}")
         return build(self.heads, self.target, shape)
 
 

@@ -120,14 +120,10 @@ def root_only_rows(root: Tensor) -> DraftTree:
 
 def medusa_topk(heads: nn.Module, lm_head: nn.Module, hidden: Tensor, depth: int, k: int) -> Tensor:
     """The Medusa draft step: hidden [B, H] (the last accepted position's state) -> token ids [B, D, K],
-    head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead).
-    ``depth`` and ``k`` are fixed per tree cut, so under ``torch.compile`` each cut is one graph."""
-    feats = torch.stack([blk(hidden) for blk in heads.blocks[:depth]])  # [D, B, H]
-    if heads.lm_heads is not None:
-        logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
-    else:
-        logits = lm_head(feats.to(lm_head.weight.dtype))  # [D, B, V]
-    return logits.topk(k, dim=-1).indices.transpose(0, 1)
+    head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead), from
+    the heads' own forward over their first ``depth`` heads. ``depth`` and ``k`` are fixed per tree
+    cut, so under ``torch.compile`` each cut is one graph."""
+    return heads(hidden, lm_head, num_heads=depth).topk(k, dim=-1).indices.transpose(0, 1)
 
 
 class MedusaProposer(Proposer):

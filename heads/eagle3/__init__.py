@@ -86,13 +86,19 @@ from heads.eagle3.loss import OBJECTIVE, eagle3_loss, eagle3_train_forward, ttt_
 from heads.eagle3.module import Eagle3Head
 from heads.registry import HeadType, register
 
+
+def _proposer(config: Eagle3Config) -> str:
+    """Heads trained for parallel drafting (``parallel_draft`` K > 0) draft all depths in one forward."""
+    return "parallel" if getattr(config, "parallel_draft", 0) else "eagle"
+
+
 register(
     HeadType(
         name="eagle3",
         config=Eagle3Config,
         module=Eagle3Head,
         objective=OBJECTIVE,
-        proposer="eagle",
+        proposer=_proposer,
         tree="dynamic",
         exports=EXPORTS,
         import_state=import_state,
