@@ -236,7 +236,8 @@ def speculative_generate(
 def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str):
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats)."""
     ids = job.input_ids
-    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
+    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
+                        checked=True)  # fmt: skip
     return _loop_one(runner, proposer, job, rule, clock, streamer)
 
 
@@ -284,7 +285,8 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
     """A batch of rows of different lengths on `BatchRunner` -> (sequences, stats). Each row drafts,
     accepts and stops on its own; a finished row leaves the batch (target cache and proposer) at once."""
     ids, valid = _left_aligned(job.input_ids, job.valid)
-    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
+    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
+                         checked=True)  # fmt: skip
     rows = [_Row(job, streamer) for _ in range(ids.shape[0])]
     live = list(range(len(rows)))  # the input row of each batch row
     stats = GenerationStats(rows=[r.stats for r in rows])
