@@ -52,7 +52,7 @@ class TreeRunner:
     tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
     head) instead of transformers' sdpa;
     static: keep the KV in preallocated per-layer buffers written in place (False: a growing
-    ``DynamicCache``, which `infer.profile` cuts back between timed steps). Two layouts, by target:
+    ``DynamicCache``, which `infer.cost` cuts back between timed steps). Two layouts, by target:
 
     - ``sdpa`` with tree attention and no sliding window: transformers' ``StaticCache`` and the boolean
       `infer.attention.TreeMask`, whose step rewrites only the last tree's columns and its own;

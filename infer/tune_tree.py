@@ -4,7 +4,7 @@
 
 1. Accuracies: per-depth rank probabilities of the heads on held-out data (`infer.evaluate`, or
    ``--accuracies`` to reuse its JSON).
-2. Latency profile (`infer.profile`): the target's cost of one verification step over k = 1..64 new
+2. Latency profile (`infer.cost`): the target's cost of one verification step over k = 1..64 new
    tokens after a real prefix, timed at a grid of k and interpolated in between, the fastest of
    ``--repeats`` interleaved repeats (medians are recorded too), made monotone in k; and the draft's
    cost of one ``propose``.
@@ -37,20 +37,23 @@ from torch import Tensor
 
 import infer
 from heads import registry
+from infer.cost import measure_draft, measure_profile
 from infer.evaluate import BatchLoader, default_data, default_depth, evaluate_heads, load_all, summary, table
-from infer.measure import compare, measure_src, measure_tau, prompts_path
-from infer.profile import measure_draft, measure_profile
 from infer.prompts import load_prompts
 from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
     choose_eagle_budget,
     choose_num_nodes,
+    compare,
     empirical_accept_length,
     expected_accept_curve,
     expected_accept_length,
+    measure_src,
+    measure_tau,
     pad_ranks,
     profile_grid,
+    prompts_path,
 )
 
 

@@ -84,7 +84,7 @@ def test_batch1_buffers_grow_when_a_tree_outgrows_the_plan(arch, attn, window):
 
 
 def test_batch1_dynamic_cache_stays_exact():
-    """``static=False`` (a growing ``DynamicCache``, as `infer.profile` uses) with the same in-place
+    """``static=False`` (a growing ``DynamicCache``, as `infer.cost` uses) with the same in-place
     masks, on mixed full / sliding layers."""
     from transformers import DynamicCache
 

@@ -335,7 +335,7 @@ def test_malformed_tree_json_eagle(tmp_path, tree, message):
 
 def test_measure_profile_and_tune(tmp_path, one_thread):
     """The profile restores the cache each step; the tuned Medusa tree is valid and fits the heads."""
-    from infer.profile import measure_profile
+    from infer.cost import measure_profile
     from infer.tune_tree import tune_medusa
 
     target = tiny_model("llama")
@@ -360,7 +360,7 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
 def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
     import infer
     from heads.eagle import EagleHead
-    from infer.measure import measure_tau
+    from infer.tune import measure_tau
     from infer.tune_tree import refine_eagle, tune_eagle
 
     target = tiny_model("llama")
@@ -391,7 +391,7 @@ def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
     τ / step cost, its τ is what infer.generate measures, and the record keeps the rank-vector τ apart."""
     import infer
     from heads import MedusaHeads
-    from infer.measure import measure_tau
+    from infer.tune import measure_tau
     from infer.tune_tree import refine_medusa, tune_medusa
 
     target = tiny_model("llama")

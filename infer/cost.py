@@ -1,9 +1,10 @@
-"""Latency profiles for tree tuning: the target's cost of one verification step, the draft's of one propose.
+"""What verification and drafting cost on this machine: latency profiles for tree tuning.
 
 A verification step is what `infer.generate` does per tree, through the same `infer.runner.TreeRunner`:
 the target forward over the k nodes with the tree mask and position ids, `infer.verify.accept_greedy`,
 the host read of the result and the KV compaction; the cache is then cut back to the prefix. Costs are
-the fastest of interleaved repeats (`timings`), see `measure_profile` for why.
+the fastest of interleaved repeats (`timings`), see `measure_profile` for why; `measure_draft` times
+one ``propose``.
 """
 
 from __future__ import annotations
