@@ -20,6 +20,7 @@ from heads import load_heads, load_target, registry
 from heads.base import adapter_location, read_config, resolve_dir
 from heads.graft import DEMO_TARGETS, looks_local, resolve_demo_target
 from heads.guard import check_sizes
+from infer.adaptive import Adaptive
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
@@ -29,6 +30,7 @@ from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
+    "Adaptive",
     "GenerateOutput",
     "GenerationStats",
     "InferSettings",
@@ -39,6 +41,7 @@ __all__ = [
     "generate",
     "load",
 ]
+
 
 def _dynamic(cls: type) -> Callable[[nn.Module, nn.Module, dict], Proposer]:
     return lambda heads, target, shape: cls(
@@ -293,6 +296,7 @@ def generate(
     typical_eps: float | None = None,
     typical_delta: float | None = None,
     attention_mask: Tensor | None = None,
+    adaptive: bool | Adaptive | None = None,
     **options,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
@@ -320,7 +324,22 @@ def generate(
     generation in the process (other prompt lengths and new-token counts included; a new batch size or
     tree size can add a graph): `infer.compiled`. Whether it pays depends on the machine:
     ``results/compile/``.
+
+    ``adaptive`` (default on, for batch size 1): the tree follows the acceptance seen during the
+    generation, shrinking to a chain or to plain decoding steps while drafts do not pay for their
+    verify cost and growing back when they do, priced with this machine's measured verify-cost curve
+    (`infer.adaptive`, `infer.cost`); ``stats.tree_sizes`` / ``stats.adaptive`` report what it did.
+    ``adaptive=False`` keeps the tree fixed; an `infer.Adaptive` sets its costs and pace. With
+    ``compile`` the default is a fixed tree (every new tree shape is a new graph to compile; pass
+    ``adaptive=True`` to adapt anyway). The output is the same tokens (greedy) and the same
+    distribution (exact sampling) whatever the tree.
     """
+    if adaptive is None:
+        adaptive = not options.get("compile")
+    if isinstance(adaptive, bool):
+        adaptive = Adaptive() if adaptive else None
+    elif not isinstance(adaptive, Adaptive):
+        raise ValueError(f"adaptive must be True, False or infer.Adaptive, got {type(adaptive).__name__}")
     s = model.settings
     return speculative_generate(
         model.target,
@@ -330,5 +349,6 @@ def generate(
         typical_eps=s.typical_eps if typical_eps is None else typical_eps,
         typical_delta=s.typical_delta if typical_delta is None else typical_delta,
         attention_mask_2d=attention_mask,
+        adaptive=adaptive,
         **options,
     )

@@ -6,8 +6,9 @@ p = (r_1..r_d) is accepted with probability P(p) = Π_i acc[i-1, r_i] and a tree
 length (bonus token included) is E[τ] = 1 + Σ_{p in tree} P(p) (`expected_accept_length`). One step costs
 t_verify(N+1) + t_draft, so the expected throughput of an N-node tree is E[τ(N)] / (t_verify(N+1) +
 t_draft). The greedy trees of `infer.tree.greedy_nodes` are the optimal N-node trees under this model.
-The measured side: `measure_tau` (greedy τ of `infer.generate` configurations, which re-prices the
-candidates) and `compare` (tokens/s against ``target.generate``). `infer.tune_tree` measures the
+The measured side: `measure_tau` (greedy τ of `infer.generate` configurations with their trees
+fixed), `pick_by_measured_tau` (the candidate trees re-priced with it) and `compare` (tokens/s against
+``target.generate``). `infer.tune_tree` measures the
 inputs (accuracies, `infer.cost` latency profiles) and saves the choice.
 """
 
@@ -170,13 +171,16 @@ def pad_ranks(acc: Tensor, paths) -> Tensor:
 
 
 def measure_tau(model, prompts: list[Tensor], configs: dict, max_new_tokens: int) -> dict:
-    """Greedy mean accepted length (bonus included) of each config ({name: generate kwargs}), pooled over
-    the prompts' steps. Greedy τ is deterministic, so one run per prompt measures it exactly."""
+    """Greedy mean accepted length (bonus included) of each config ({name: generate kwargs}) with its tree
+    fixed (``adaptive=False``), pooled over the prompts' steps. Greedy τ is deterministic, so one run
+    per prompt measures it exactly."""
     taus = {}
     for name, kw in configs.items():
         lengths = []
         for ids in prompts:
-            out = infer.generate(model, ids, max_new_tokens=max_new_tokens, do_sample=False, **kw)
+            out = infer.generate(
+                model, ids, max_new_tokens=max_new_tokens, do_sample=False, adaptive=False, **kw
+            )
             lengths += out.stats.accepted_lengths
         taus[name] = sum(lengths) / max(len(lengths), 1)
     return taus
@@ -239,3 +243,39 @@ def prompts_path(prompts: str | None, data: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"prompts file {path!r} not found (pass --prompts)")
     return path
+
+
+def pick_by_measured_tau(
+    model,
+    rec: dict,
+    prompts: list[Tensor],
+    cands: dict[str, dict],
+    step_cost: dict[str, float],
+    info: dict[str, dict],
+    max_new_tokens: int,
+) -> str:
+    """Measure the greedy τ of each candidate ({name: generate kwargs}) on ``prompts``, price it as
+    τ / ``step_cost[name]`` (seconds per step), and return the name of the fastest. The tuning record
+    ``rec`` gets the winner's and the default's (a candidate named "default") measured τ and rate, and
+    every candidate under ``"refined"`` (with its ``info``)."""
+    taus = measure_tau(model, prompts, cands, max_new_tokens)
+    scored = {
+        name: {
+            **info[name],
+            "measured_accept_length": taus[name],
+            "expected_tokens_per_s": taus[name] / step_cost[name],
+        }
+        for name in cands
+    }
+    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
+    rec.update(
+        measured_accept_length=scored[best]["measured_accept_length"],
+        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
+    )
+    if "default" in scored:
+        rec.update(
+            default_measured_accept_length=scored["default"]["measured_accept_length"],
+            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
+        )
+    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    return best
