@@ -3,22 +3,26 @@ for their verify cost, and grow it back when they do.
 
 Rates are tokens per unit of target time, the unit being one plain decoding step (a 1-token verify):
 
-    plain (no drafts):   1
-    tree of k nodes:     τ̄_tree / (c(k) + draft)               τ̄: mean accepted length, bonus included
-    chain of depth d:    (1 + α + … + α^d) / (c(d+1) + draft·d/D)
+    plain (no drafts):        1
+    tree of k nodes, depth D: τ̄_tree / (c(k) + g_tree·D)        τ̄: mean accepted length, bonus included
+    chain of depth d:         (1 + α + … + α^d) / (c(d+1) + g_chain·d)
 
-c(k) = verify_s[k-1] / verify_s[0] is the measured verify-cost curve (`infer.cost`), draft the draft's
-cost of one full propose over verify_s[0] (timed on the host per step, or given), D the tree's depth,
-and α the per-depth acceptance of a chain: with L drafts accepted of a chain of depth d, L successes
+c(k) = verify_s[k-1] / verify_s[0] is the measured verify-cost curve (`infer.cost`), g a mode's draft
+cost per depth level over verify_s[0] (timed on the host per propose, or given for the full tree), and
+α the per-depth acceptance of a chain: with L drafts accepted of a chain of depth d, L successes
 and one failure if L < d, so α = ΣL / Σ(L + [L < d]) (the maximum-likelihood estimate of a geometric
 run). The chain's depth is the d that maximises its rate.
 
-Every ``every`` steps the current mode's window is priced. The tree drops to the better of a chain
-(priced with the tree's α, an optimistic guess the chain's own window then checks) and plain decoding;
-a chain drops to plain decoding when it does not beat plain by ``margin``. A mode below the tree
+Every ``every`` steps the current mode's window is priced, sooner when even all its remaining steps
+accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after
+one or two steps). Draft costs are kept per mode (a chain drafts one node per level, an EAGLE tree its
+whole frontier). The tree drops to the better of a chain (priced with the tree's α, an optimistic
+guess the chain's own window then checks) and plain decoding; a chain drops to plain decoding when it
+does not beat plain by ``margin``. A mode below the tree
 probes the next one up for one window after ``probe`` steps; a probe that does not beat its base by
 ``margin`` goes back and doubles that wait (up to ``max_probe``), one that does stays. With useless
-drafts this costs the first window and one window per probe, whose waits double: a few percent.
+drafts this costs the first steps and one or two steps per probe, whose waits double; drafts too slow
+to pay even when always right are not probed again before ``max_probe`` steps.
 
 Everything the adapter reads is on the host already (the accepted lengths of the step's one host sync,
 the tree's size, host timers), so it adds no device sync. The output does not depend on the tree:
@@ -82,7 +86,9 @@ class Adapter:
         self.base_s = base
         self.mode, self.chain_depth = TREE, self.depth
         self.window: list[tuple[int, int, int]] = []  # (accepted, nodes, drafted depth) this window
-        self.draft_level: float | None = None if opts.draft_s is None else opts.draft_s / base / self.depth
+        given = None if opts.draft_s is None else opts.draft_s / base / self.depth
+        self.draft_level: dict[int, float | None] = {TREE: given, CHAIN: None}  # per depth level drafted
+        self.tree_nodes = self.depth + 1  # the full tree's size, as last seen
         self.alpha = {CHAIN: [0.0, 0.0], TREE: [0.0, 0.0]}  # [ΣL, Σtrials], decayed per window
         self.rate = {NONE: 1.0, CHAIN: None, TREE: None}
         self.wait = {CHAIN: opts.probe, TREE: opts.probe}  # steps before probing this mode
@@ -112,7 +118,18 @@ class Adapter:
             self._skip = False
             return
         per_level = (time.perf_counter() - self._t) / self.base_s / self.shape_depth()
-        self.draft_level = per_level if self.draft_level is None else 0.8 * self.draft_level + 0.2 * per_level
+        old = self.draft_level[self.mode]
+        self.draft_level[self.mode] = per_level if old is None else 0.8 * old + 0.2 * per_level
+
+    def draft(self, mode: int) -> float:
+        """A mode's draft cost per depth level, in plain steps. A chain not timed yet is priced as the
+        tree's per node (EAGLE drafts every frontier node at each level; a Medusa chain costs more than
+        that, which its own timing then shows)."""
+        own = self.draft_level[mode]
+        if own is not None or mode == TREE:
+            return own or 0.0
+        tree = self.draft_level[TREE] or 0.0
+        return tree * self.depth / max(self.tree_nodes - 1, self.depth)
 
     def shape_depth(self) -> int:
         return self.chain_depth if self.mode == CHAIN else self.depth
@@ -123,17 +140,42 @@ class Adapter:
         self.modes_used[MODES[self.mode]] += 1
         self.since += 1
         if self.mode == NONE:
-            if self.since >= self.wait[CHAIN]:
+            if self.since >= self.wait[CHAIN] and self._can_pay():
                 self._switch(CHAIN, probe=True)
+            elif self.since >= self.wait[CHAIN]:  # drafts too slow to ever pay: look again much later
+                self.since, self.wait[CHAIN] = 0, self.opts.max_probe
             return
         self.window.append((accepted, nodes, drafted))
+        if self.mode == TREE:
+            self.tree_nodes = max(self.tree_nodes, nodes)
         if drafted:
             L = accepted - 1
             stat = self.alpha[self.mode]
             stat[0] += L
             stat[1] += L + (L < drafted)
-        if len(self.window) >= self.opts.every:
+        if len(self.window) >= self.opts.every or self._hopeless():
             self._decide()
+
+    def _bar(self) -> float:
+        """The rate the current mode must beat: its probe's base, else plain decoding."""
+        base = 1.0 if self.probing_from is None else self.rate[self.probing_from] or 1.0
+        return base * (1 + self.opts.margin)
+
+    def _hopeless(self) -> bool:
+        """True when the window cannot reach `_bar` even if every draft of its remaining steps were
+        accepted: then there is no need to pay for those steps (expensive drafts leave after one or two)."""
+        win, every = self.window, self.opts.every
+        depth = max(d for _, _, d in win)
+        best_tau = (sum(a for a, _, _ in win) + (every - len(win)) * (depth + 1)) / every
+        best = best_tau / (self.c(max(n for _, n, _ in win)) + self.draft(self.mode) * depth)
+        return best < self._bar()
+
+    def _can_pay(self) -> bool:
+        """Whether a chain accepting every draft would beat plain decoding at the draft's cost."""
+        dl = self.draft(CHAIN)
+        return any(
+            (d + 1) / (self.c(d + 1) + dl * d) > 1 + self.opts.margin for d in range(1, self.depth + 1)
+        )
 
     def _alpha(self, mode: int) -> float:
         s, n = self.alpha[mode]
@@ -141,7 +183,7 @@ class Adapter:
 
     def _chain(self, alpha: float) -> tuple[int, float]:
         """The best chain depth for acceptance ``alpha`` and its rate."""
-        per_level = self.draft_level or 0.0
+        per_level = self.draft(CHAIN)
         best = (1, -1.0)
         for d in range(1, self.depth + 1):
             tau = sum(alpha**i for i in range(d + 1))
@@ -155,7 +197,7 @@ class Adapter:
         tau = sum(a for a, _, _ in win) / len(win)
         nodes = max(n for _, n, _ in win)
         depth = max(d for _, _, d in win) or 1
-        r = tau / (self.c(nodes) + (self.draft_level or 0.0) * depth)
+        r = tau / (self.c(nodes) + self.draft(m) * depth)
         self.rate[m] = r
         for stat in self.alpha.values():  # older windows count less: acceptance drifts with the text
             stat[0], stat[1] = stat[0] * 0.5, stat[1] * 0.5
@@ -163,9 +205,9 @@ class Adapter:
         if m == CHAIN:
             self.chain_depth = self._chain(self._alpha(CHAIN))[0]
         if self.probing_from is not None:  # a probe ended: keep it only if it beat its base
-            base = self.probing_from
+            base, bar = self.probing_from, self._bar()
             self.probing_from = None
-            if r > (self.rate[base] or 1.0) * (1 + self.opts.margin):
+            if r > bar:
                 self.wait[m] = self.opts.probe
                 self.since = 0
             else:

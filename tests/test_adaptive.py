@@ -57,6 +57,16 @@ def test_useless_drafts_fall_back_to_plain_decoding(arch):
         assert sum(fixed.stats.tree_sizes) > 3 * sum(sizes)  # the fixed tree verifies far more
 
 
+def test_expensive_drafts_leave_after_one_step():
+    """A draft costing 5 plain steps: once one step shows that even perfect acceptance for the rest of
+    the window cannot pay, the tree is left at once (no full window of such steps)."""
+    key = ("llama",)
+    out = generate(key, "random", 0, Adaptive(verify_s=COSTS.verify_s, draft_s=5.0), LONG)
+    assert out.sequences.tolist() == reference(key, 0, LONG).tolist()
+    assert out.stats.adaptive["steps"]["tree"] == 1 and out.stats.tree_sizes[1] == 1
+    assert out.stats.steps_without_drafts >= 0.8 * len(out.stats.tree_sizes)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_good_drafts_keep_the_tree(arch):
     """Heads fitted to these continuations: the adapter keeps speculating at full depth (their top-1
