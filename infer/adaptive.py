@@ -13,7 +13,9 @@ cost per depth level over verify_s[0] (timed on the host per propose, or given f
 and one failure if L < d, so α = ΣL / Σ(L + [L < d]) (the maximum-likelihood estimate of a geometric
 run). The chain's depth is the d that maximises its rate.
 
-Every ``every`` steps the current mode's window is priced, sooner when even all its remaining steps
+A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless
+or slow drafts cost little before they are found out) and tries the tree after one window if the
+chain pays. Every ``every`` steps the current mode's window is priced, sooner when even all its remaining steps
 accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after
 one or two steps). Draft costs are kept per mode (a chain drafts one node per level, an EAGLE tree its
 whole frontier). The tree drops to the better of a chain (priced with the tree's α, an optimistic
@@ -84,14 +86,15 @@ class Adapter:
         base = verify_s[0]
         self.cost = [max(v / base, 1.0) for v in verify_s]  # c(k) = cost[k-1] >= c(1)
         self.base_s = base
-        self.mode, self.chain_depth = TREE, self.depth
+        self.mode, self.chain_depth = CHAIN, self.depth  # a full-depth chain first: the cheapest probe
         self.window: list[tuple[int, int, int]] = []  # (accepted, nodes, drafted depth) this window
         given = None if opts.draft_s is None else opts.draft_s / base / self.depth
         self.draft_level: dict[int, float | None] = {TREE: given, CHAIN: None}  # per depth level drafted
         self.tree_nodes = self.depth + 1  # the full tree's size, as last seen
         self.alpha = {CHAIN: [0.0, 0.0], TREE: [0.0, 0.0]}  # [ΣL, Σtrials], decayed per window
         self.rate = {NONE: 1.0, CHAIN: None, TREE: None}
-        self.wait = {CHAIN: opts.probe, TREE: opts.probe}  # steps before probing this mode
+        # steps before probing this mode: the tree right after a first chain window that pays
+        self.wait = {CHAIN: opts.probe, TREE: opts.every}
         self.since, self.probing_from = 0, None
         self.modes_used = {name: 0 for name in MODES}  # steps per mode, for the stats
         self._t, self._skip = 0.0, True
