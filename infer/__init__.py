@@ -130,8 +130,9 @@ class SpecModel:
             shape["greedy_score_temperature"] = self.settings.greedy_score_temperature
         else:
             if dynamic:
+                kinds = sorted(e.name for e in registry.REGISTRY.values() if e.tree == "dynamic")
                 raise ValueError(
-                    f"{sorted(dynamic)} only apply to dynamic-tree (EAGLE) heads, not {entry.name!r}"
+                    f"{sorted(dynamic)} only apply to dynamic-tree (EAGLE) heads {kinds}, not {entry.name!r}"
                 )
             paths = self._checked_tree(tree) if tree is not None else None
             num_heads, nodes = self.heads.config.num_heads, self.settings.default_tree_nodes
