@@ -11,7 +11,9 @@ What an entry carries:
   ``nn.Module`` built from it (``module(config)``; ``module.for_target(target, **options)`` for a new one).
 - ``objective``: how training turns one frozen-target forward into a loss (`Objective`).
 - ``proposer``: the name of the `infer` proposer that drafts with these heads (``"static_tree"`` for
-  Medusa's fixed rank tree, ``"eagle"`` for EAGLE-2 dynamic trees). `heads` never imports `infer`;
+  Medusa's fixed rank tree, ``"eagle"`` for EAGLE-2 dynamic trees, ``"parallel"`` for P-EAGLE's one
+  forward per step), or a function of the heads' config giving that name (`HeadType.proposer_for`), so
+  an entry whose options change how it drafts picks the proposer itself. `heads` never imports `infer`;
   `infer` keeps the name -> class table.
 - ``tree``: what a tuned inference setting holds for these heads: ``"static"`` (rank paths) or
   ``"dynamic"`` (an EAGLE-2 budget: total_tokens, depth, draft_top_k).
@@ -131,7 +133,7 @@ class HeadType:
     config: type
     module: type[nn.Module]
     objective: Objective
-    proposer: str
+    proposer: str | Callable[[Any], str]
     tree: str
     exports: dict[str, ExportFormat] = field(default_factory=dict)
     import_state: Callable[..., nn.Module] | None = None
@@ -148,6 +150,10 @@ class HeadType:
             raise ValueError(f"HeadType {self.name!r}: tree must be 'static' or 'dynamic', got {self.tree!r}")
         if getattr(self.config, "head_type", None) != self.name:
             raise ValueError(f"HeadType {self.name!r}: config class has head_type {self.config.head_type!r}")
+
+    def proposer_for(self, config) -> str:
+        """The name of the proposer that drafts with heads of this ``config``."""
+        return self.proposer(config) if callable(self.proposer) else self.proposer
 
 
 REGISTRY: dict[str, HeadType] = {}

@@ -20,6 +20,7 @@ from heads import gguf, load_heads, load_target, registry, targets
 from heads.base import adapter_location, read_config, resolve_dir
 from heads.graft import looks_local
 from heads.guard import check_sizes
+from infer.adaptive import Adaptive
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
@@ -29,6 +30,7 @@ from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
+    "Adaptive",
     "GenerateOutput",
     "GenerationStats",
     "InferSettings",
@@ -40,16 +42,21 @@ __all__ = [
     "load",
 ]
 
-# The proposer each registry entry names (`heads.registry.HeadType.proposer`), built from the heads, the
-# target and the tree shape: {"tree": paths} for static trees, the EAGLE-2 budget for dynamic ones.
+
+def _dynamic(cls: type) -> Callable[[nn.Module, nn.Module, dict], Proposer]:
+    return lambda heads, target, shape: cls(
+        heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape
+    )
+
+
+# The proposer each registry entry names (`heads.registry.HeadType.proposer_for`), built from the heads,
+# the target and the tree shape: {"tree": paths} for static trees, the EAGLE-2 budget for dynamic ones.
 PROPOSERS: dict[str, Callable[[nn.Module, nn.Module, dict], Proposer]] = {
     "static_tree": lambda heads, target, shape: MedusaProposer(
         heads, target.get_output_embeddings(), shape["tree"]
     ),
-    # heads trained for parallel drafting (EAGLE-3's parallel_draft > 0) draft all depths in one forward
-    "eagle": lambda heads, target, shape: (
-        ParallelProposer if getattr(heads.config, "parallel_draft", 0) else EagleProposer
-    )(heads, target.get_input_embeddings(), target.get_output_embeddings(), **shape),
+    "eagle": _dynamic(EagleProposer),
+    "parallel": _dynamic(ParallelProposer),
 }
 
 
@@ -94,7 +101,7 @@ class SpecModel:
         kind = self.heads.config.head_type
         if registry.of(self.heads).tree != "static":
             raise ValueError(
-                f"tree= is for static-tree (medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
+                f"tree= is for static-tree (Medusa) heads; {kind!r} heads take depth/draft_top_k/total_tokens"
             )
         return check_paths(tree, "tree", self.heads.config.num_heads, self.heads.config.vocab_size)
 
@@ -123,17 +130,17 @@ class SpecModel:
             shape["greedy_score_temperature"] = self.settings.greedy_score_temperature
         else:
             if dynamic:
+                kinds = sorted(e.name for e in registry.REGISTRY.values() if e.tree == "dynamic")
                 raise ValueError(
-                    f"{sorted(dynamic)} only apply to dynamic-tree (eagle) heads, not {entry.name!r}"
+                    f"{sorted(dynamic)} only apply to dynamic-tree (EAGLE) heads {kinds}, not {entry.name!r}"
                 )
             paths = self._checked_tree(tree) if tree is not None else None
             num_heads, nodes = self.heads.config.num_heads, self.settings.default_tree_nodes
             shape = {"tree": paths or self.tree or self.settings.tree or default_tree(num_heads, nodes)}
-        build = PROPOSERS.get(entry.proposer)
+        name = entry.proposer_for(self.heads.config)
+        build = PROPOSERS.get(name)
         if build is None:
-            raise ValueError(
-                f"{entry.name} heads name proposer {entry.proposer!r}; infer has {sorted(PROPOSERS)}"
-            )
+            raise ValueError(f"{entry.name} heads name proposer {name!r}; infer has {sorted(PROPOSERS)}")
         return build(self.heads, self.target, shape)
 
 
@@ -287,6 +294,7 @@ def generate(
     typical_eps: float | None = None,
     typical_delta: float | None = None,
     attention_mask: Tensor | None = None,
+    adaptive: bool | Adaptive | None = None,
     **options,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
@@ -314,7 +322,22 @@ def generate(
     generation in the process (other prompt lengths and new-token counts included; a new batch size or
     tree size can add a graph): `infer.compiled`. Whether it pays depends on the machine:
     ``results/compile/``.
+
+    ``adaptive`` (default on, for batch size 1): the tree follows the acceptance seen during the
+    generation, shrinking to a chain or to plain decoding steps while drafts do not pay for their
+    verify cost and growing back when they do, priced with this machine's measured verify-cost curve
+    (`infer.adaptive`, `infer.cost`); ``stats.tree_sizes`` / ``stats.adaptive`` report what it did.
+    ``adaptive=False`` keeps the tree fixed; an `infer.Adaptive` sets its costs and pace. With
+    ``compile`` the default is a fixed tree (every new tree shape is a new graph to compile; pass
+    ``adaptive=True`` to adapt anyway). The output is the same tokens (greedy) and the same
+    distribution (exact sampling) whatever the tree.
     """
+    if adaptive is None:
+        adaptive = not options.get("compile")
+    if isinstance(adaptive, bool):
+        adaptive = Adaptive() if adaptive else None
+    elif not isinstance(adaptive, Adaptive):
+        raise ValueError(f"adaptive must be True, False or infer.Adaptive, got {type(adaptive).__name__}")
     s = model.settings
     return speculative_generate(
         model.target,
@@ -324,5 +347,6 @@ def generate(
         typical_eps=s.typical_eps if typical_eps is None else typical_eps,
         typical_delta=s.typical_delta if typical_delta is None else typical_delta,
         attention_mask_2d=attention_mask,
+        adaptive=adaptive,
         **options,
     )

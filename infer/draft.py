@@ -32,6 +32,8 @@ class Proposer:
 
     aux_layers: tuple[int, ...] = ()
     backend: str | None = None  # `compile`: the dynamo backend of the draft step, None for eager
+    depth: int = 0  # the deepest tree this proposer drafts (0: unknown, not adapted by `infer.adaptive`)
+    width: int | None = None  # 1: draft a chain (each depth's best token) instead of the tree, set per step
 
     def compile(self, backend: str | None) -> None:
         """Run the draft step (the heads' forward, lm_head and top-k: `medusa_topk`,
@@ -120,14 +122,10 @@ def root_only_rows(root: Tensor) -> DraftTree:
 
 def medusa_topk(heads: nn.Module, lm_head: nn.Module, hidden: Tensor, depth: int, k: int) -> Tensor:
     """The Medusa draft step: hidden [B, H] (the last accepted position's state) -> token ids [B, D, K],
-    head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead).
-    ``depth`` and ``k`` are fixed per tree cut, so under ``torch.compile`` each cut is one graph."""
-    feats = torch.stack([blk(hidden) for blk in heads.blocks[:depth]])  # [D, B, H]
-    if heads.lm_heads is not None:
-        logits = torch.stack([h(f) for h, f in zip(heads.lm_heads, feats, strict=False)])
-    else:
-        logits = lm_head(feats.to(lm_head.weight.dtype))  # [D, B, V]
-    return logits.topk(k, dim=-1).indices.transpose(0, 1)
+    head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead), from
+    the heads' own forward over their first ``depth`` heads. ``depth`` and ``k`` are fixed per tree
+    cut, so under ``torch.compile`` each cut is one graph."""
+    return heads(hidden, lm_head, num_heads=depth).topk(k, dim=-1).indices.transpose(0, 1)
 
 
 class MedusaProposer(Proposer):
@@ -143,7 +141,7 @@ class MedusaProposer(Proposer):
                 f"{heads.config.num_heads}"
             )
         validate_paths(self.tree)  # fail at construction, not at the first step
-        self._buffers: dict[tuple[int, torch.device], TreeBuffers] = {}  # per depth limit, per device
+        self._buffers: dict[tuple[int, torch.device, bool], TreeBuffers] = {}  # per depth cut and device
         self._rows: BatchMedusa | None = None  # the one-row batch this proposer drafts with
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
@@ -151,11 +149,12 @@ class MedusaProposer(Proposer):
         self._rows.start(prompt_ids, out, torch.ones_like(prompt_ids, dtype=torch.bool))
 
     def buffers(self, max_depth: int, device: torch.device) -> TreeBuffers:
-        """The tree cut to ``max_depth``; built once per cut (validating and hashing the paths every
-        step cost as much as the mask)."""
-        key = (min(max_depth, self.depth), device)
+        """The tree cut to ``max_depth`` (with ``width`` 1: its rank-0 chain); built once per cut
+        (validating and hashing the paths every step cost as much as the mask)."""
+        key = (min(max_depth, self.depth), device, self.width == 1)
         if key not in self._buffers:
-            self._buffers[key] = tree_buffers(self.tree, device, max_depth=key[0])
+            paths = [p for p in self.tree if not any(p)] if key[2] else self.tree
+            self._buffers[key] = tree_buffers(paths, device, max_depth=key[0])
         return self._buffers[key]
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:

@@ -88,7 +88,7 @@ class EagleProposer(Proposer):
         self.d2t: Tensor | None = getattr(head, "d2t", None)
         n_vocab = self.d2t.shape[0] if self.d2t is not None else head.config.vocab_size
         self.top_k = min(draft_top_k, n_vocab)
-        self._const: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}  # `_constants`
+        self._const: dict[tuple, tuple[Tensor, Tensor]] = {}  # `_constants`, per device, dtype and width
         self._rows: BatchEagle | None = None  # the one-row batch this proposer drafts with
         self.max_len = 0  # `plan`: prompt + new tokens expected, to size the static draft cache once
 
@@ -114,12 +114,19 @@ class EagleProposer(Proposer):
         """[..., H] last hidden state (EAGLE-1/2) or [..., 3H] cat of the aux states (EAGLE-3)."""
         return torch.cat(aux, dim=-1) if self.aux_layers else hidden
 
+    @property
+    def k(self) -> int:
+        """The frontier width and children per node of this step: ``draft_top_k``, or 1 when ``width``
+        asks for a chain (`infer.adaptive`)."""
+        return self.top_k if self.width is None else min(self.width, self.top_k)
+
     def _constants(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Built once per device and dtype: (the additive self-attention block [K, K], 0 on the diagonal and
-        ``finfo.min`` elsewhere; the depth of every candidate slot [K + (depth-1)·K²], in creation order)."""
-        key = (device, dtype)
+        """Built once per device, dtype and width K: (the additive self-attention block [K, K], 0 on the
+        diagonal and ``finfo.min`` elsewhere; the depth of every candidate slot [K + (depth-1)·K²], in
+        creation order)."""
+        K = self.k
+        key = (device, dtype, K)
         if key not in self._const:
-            K = self.top_k
             eye = torch.full((K, K), torch.finfo(dtype).min, dtype=dtype, device=device).fill_diagonal_(0)
             sizes = torch.tensor([K] + [K * K] * (self.depth - 1), device=device)
             depth = torch.arange(1, self.depth + 1, device=device).repeat_interleave(sizes)
@@ -134,7 +141,7 @@ class EagleProposer(Proposer):
         if self.backend is not None:
             tokens, feats, pos = tokens.contiguous(), feats.contiguous(), pos.contiguous()
         return compiled(draft_step, self.backend)(self.head, self.embed, self.lm_head, self.d2t, tokens, feats,
-                                                  pos, mask, cache, self.top_k, tail, placeholders,
+                                                  pos, mask, cache, self.k, tail, placeholders,
                                                   self.score_scale)  # fmt: skip
 
     def start(self, prompt_ids: Tensor, out: TargetOutput) -> None:
@@ -324,10 +331,12 @@ class BatchEagle(BatchProposer):
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth), total_tokens nodes each
         (fewer when there are fewer candidates)."""
-        s, K, B = self.single, self.single.top_k, root.shape[0]
+        s, K, B = self.single, self.single.k, root.shape[0]
         D = min(s.depth, max_depth)
         if D <= 0:  # nothing to draft: keep the root pair for later
-            self._pend(root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None])
+            self._pend(
+                root[:, None], self.last_feat[:, None], torch.ones_like(root, dtype=torch.bool)[:, None]
+            )
             return root_only_rows(root)
         f_root, top_score, top_tok = self._commit(root)  # [B, H], [B, K] x 2
         device, dtype = root.device, s.head.fc.weight.dtype

@@ -131,16 +131,21 @@ def _eagle_logits(heads, target, batch, out: TargetOutput, depth: int) -> list[T
 
 
 # How the heads of each proposer kind (`heads.registry.HeadType.proposer`) score every depth at once.
-DRAFT_LOGITS: dict[str, Callable[..., list[Tensor]]] = {"static_tree": _static_logits, "eagle": _eagle_logits}
+DRAFT_LOGITS: dict[str, Callable[..., list[Tensor]]] = {
+    "static_tree": _static_logits,
+    "eagle": _eagle_logits,
+    "parallel": _eagle_logits,  # P-EAGLE heads scored as they train: unrolled on their own features
+}
 
 
 def draft_logits(heads: nn.Module, target: nn.Module, batch: dict[str, Tensor], depth: int):
     """(per-depth draft logits, target output): ``depth`` x [B, N, V'], entry t of depth d (1-based) scoring
     token t+1+d; N = T (Medusa) or T - 1 (EAGLE pairs); V' is the draft vocab for EAGLE-3."""
     entry = registry.of(heads)
-    unroll = DRAFT_LOGITS.get(entry.proposer)
+    name = entry.proposer_for(heads.config)
+    unroll = DRAFT_LOGITS.get(name)
     if unroll is None:
-        raise ValueError(f"no evaluation for {entry.name} heads (proposer {entry.proposer!r})")
+        raise ValueError(f"no evaluation for {entry.name} heads (proposer {name!r})")
     aux = tuple(getattr(heads, "aux_layer_ids", ()) or ())
     out = run_target(target, batch["input_ids"], batch["attention_mask"], aux_layers=aux)
     return unroll(heads, target, batch, out, depth), out

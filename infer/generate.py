@@ -27,7 +27,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from infer.adaptive import Adapter, Adaptive
 from infer.compiled import backend_of
+from infer.cost import verify_seconds
 from infer.draft import BatchProposer, Proposer
 from infer.options import Job, context_length, prepare
 from infer.runner import BatchRunner, TreeRunner
@@ -37,6 +39,7 @@ from infer.tree import DraftTree
 from infer.verify import Acceptance, accept_exact, accept_greedy, accept_typical, sample_from
 
 __all__ = ["GenerateOutput", "GenerationStats", "context_length", "speculative_generate"]
+
 
 @dataclass
 class GenerationStats:
@@ -53,7 +56,12 @@ class GenerationStats:
     ``accepted_lengths`` (its τ), ``new_tokens`` and ``num_target_forwards`` (the batched forwards it
     took part in). The totals then cover all rows: ``accepted_lengths`` lists every row's steps, row
     after row (so ``mean_accepted_length`` is the total τ over row-steps), ``new_tokens`` is their
-    sum and ``num_target_forwards`` counts batched forwards."""
+    sum and ``num_target_forwards`` counts batched forwards.
+
+    ``tree_sizes``: the nodes each verify step verified (root included; 1: no drafts, a plain decoding
+    step, counted by ``steps_without_drafts``). ``adaptive`` (None with a fixed tree): what
+    `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none": steps}, "final": mode,
+    "chain_depth": d}``."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     num_target_forwards: int = 0
@@ -64,6 +72,13 @@ class GenerationStats:
     verify_time_s: float | None = None
     total_time_s: float | None = None
     rows: list[GenerationStats] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    adaptive: dict | None = None
+
+    @property
+    def steps_without_drafts(self) -> int:
+        """Verify steps that verified the root alone: plain decoding steps."""
+        return sum(n == 1 for n in self.tree_sizes)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -170,11 +185,13 @@ class _Row:
             self.streamer.put(torch.tensor(tokens))
         return done
 
-    def step(self, host: list[int]) -> bool:
-        """host: [n, bonus, path tokens...] of one verify step (root first) -> `emit` of its tokens."""
+    def step(self, host: list[int], nodes: int) -> bool:
+        """host: [n, bonus, path tokens...] of one verify step (root first) over a tree of ``nodes`` nodes
+        -> `emit` of its tokens."""
         n = host[0]
         self.stats.num_target_forwards += 1
         self.stats.accepted_lengths.append(n)
+        self.stats.tree_sizes.append(nodes)
         return self.emit(host[3 : 2 + n] + [host[1]])
 
 
@@ -199,11 +216,14 @@ def speculative_generate(
     attention_mask_2d: Tensor | None = None,
     timing: bool = False,
     compile: bool | str = False,
+    adaptive: Adaptive | None = None,
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
     input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch.
     ``compile``: the verify forward (`infer.compiled.CompiledStep`) and the proposer's draft step run under
-    ``torch.compile`` (True: inductor, a string: that dynamo backend), batches included; see `infer.generate`."""
+    ``torch.compile`` (True: inductor, a string: that dynamo backend), batches included; see `infer.generate`.
+    ``adaptive`` (`infer.adaptive.Adaptive`; None: the proposer's fixed tree) adapts the tree of a batch
+    of one row to the acceptance."""
     backend = backend_of(compile)  # a bad value fails before any work
     t_start = time.perf_counter()
     overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
@@ -224,7 +244,7 @@ def speculative_generate(
         proposer.plan(job.input_ids.shape[1] + job.limit)  # sizes a batch's draft cache too
         seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer, compile)
     else:
-        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile)
+        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile, adaptive)
     if streamer is not None:
         streamer.end()
     if timing:
@@ -233,14 +253,26 @@ def speculative_generate(
     return GenerateOutput(seq, stats)
 
 
-def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str):
-    """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats)."""
+def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str,
+                adaptive: Adaptive | None = None):  # fmt: skip
+    """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats);
+    with ``adaptive`` the tree follows the acceptance (`infer.adaptive`)."""
     ids = job.input_ids
-    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
-    return _loop_one(runner, proposer, job, rule, clock, streamer)
+    runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
+                        checked=True)  # fmt: skip
+    adapter = None
+    if adaptive is not None and proposer.depth > 0:
+        verify_s = adaptive.verify_s if adaptive.verify_s is not None else verify_seconds(target)
+        adapter = Adapter(adaptive, verify_s, proposer.depth)
+    seq, stats = _loop_one(runner, proposer, job, rule, clock, streamer, adapter)
+    proposer.width = None
+    if adapter is not None:
+        stats.adaptive = adapter.summary()
+    return seq, stats
 
 
-def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer):
+def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer,
+              adapter: Adapter | None = None):  # fmt: skip
     ids = job.input_ids
     row = _Row(job, streamer)
     proposer.plan(ids.shape[1] + job.limit)
@@ -250,8 +282,12 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
     clock.draft(proposer.start, ids, out)
     done = row.emit([int(root)])
     t1 = time.perf_counter()
+    depth, proposer.width = (1 << 30, None) if adapter is None else adapter.shape()
     while not done:
-        tree = clock.draft(proposer.propose, root, job.limit - len(row.new) - 1)
+        cap = min(depth, job.limit - len(row.new) - 1)
+        tree = clock.draft(proposer.propose, root, cap)
+        if adapter is not None:
+            adapter.drafted()
         out = clock.verify(runner.verify, tree)
         acc = rule.accept(out.logits[0], tree)  # [N+1, V]
         # the one host sync of the step
@@ -260,9 +296,14 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
         ).tolist()
         keep = acc.path[: host[0]]
         runner.accept(keep)
-        clock.draft(proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux))
-        done = row.step(host)
+        clock.draft(
+            proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux)
+        )
+        done = row.step(host, tree.num_nodes)
         root = acc.next_token
+        if adapter is not None:  # decided from host values only: no sync
+            adapter.observe(host[0], tree.num_nodes, cap)
+            depth, proposer.width = adapter.shape()
     row.stats.prefill_s, row.stats.decode_s = t1 - t0, time.perf_counter() - t1
     row.stats.new_tokens = len(row.new)
     return torch.cat([ids, torch.tensor([row.new], dtype=ids.dtype, device=ids.device)], 1), row.stats
@@ -284,7 +325,8 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
     """A batch of rows of different lengths on `BatchRunner` -> (sequences, stats). Each row drafts,
     accepts and stops on its own; a finished row leaves the batch (target cache and proposer) at once."""
     ids, valid = _left_aligned(job.input_ids, job.valid)
-    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile)
+    runner = BatchRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
+                         checked=True)  # fmt: skip
     rows = [_Row(job, streamer) for _ in range(ids.shape[0])]
     live = list(range(len(rows)))  # the input row of each batch row
     stats = GenerationStats(rows=[r.stats for r in rows])
@@ -317,12 +359,13 @@ def _decode_batch(target, proposer: BatchProposer, job: Job, rule: _Rule, clock:
         clock.draft(proposer.advance, tree.tokens.gather(1, idx), _at(out.hidden, idx),
                     tuple(_at(a, idx) for a in out.aux), acc.length)  # fmt: skip
         stats.num_target_forwards += 1
-        done = [rows[i].step(h) for i, h in zip(live, host, strict=True)]
+        done = [rows[i].step(h, tree.tokens.shape[1]) for i, h in zip(live, host, strict=True)]
         root = acc.next_token
     stats.prefill_s, stats.decode_s = t1 - t0, time.perf_counter() - t1
     for r in rows:
         r.stats.new_tokens = len(r.new)
     stats.accepted_lengths = [n for r in rows for n in r.stats.accepted_lengths]
+    stats.tree_sizes = [n for r in rows for n in r.stats.tree_sizes]
     stats.new_tokens = sum(r.stats.new_tokens for r in rows)
     width = max(len(r.new) for r in rows)
     new = torch.tensor([r.new + [job.pad_id] * (width - len(r.new)) for r in rows], dtype=ids.dtype)

@@ -34,7 +34,13 @@ class ParallelProposer(EagleProposer):
     """
 
     def __init__(
-        self, head, embed, lm_head, depth: int = 6, draft_top_k: int = 8, total_tokens: int = 48,
+        self,
+        head,
+        embed,
+        lm_head,
+        depth: int = 6,
+        draft_top_k: int = 8,
+        total_tokens: int = 48,
         greedy_score_temperature: float = DEFAULTS.greedy_score_temperature,
     ) -> None:
         K = int(getattr(head.config, "parallel_draft", 0) or 0)
@@ -42,7 +48,9 @@ class ParallelProposer(EagleProposer):
             raise ValueError(
                 "ParallelProposer needs EAGLE-3 heads trained with parallel_draft >= 2 (P-EAGLE: heads.eagle3.p_eagle)"
             )
-        super().__init__(head, embed, lm_head, min(depth, K), draft_top_k, total_tokens, greedy_score_temperature)
+        super().__init__(
+            head, embed, lm_head, min(depth, K), draft_top_k, total_tokens, greedy_score_temperature
+        )
 
     def start(self, prompt_ids: Tensor, out) -> None:
         self._rows = BatchParallel(self, max_len=self.max_len, one_row=True)
@@ -85,7 +93,7 @@ class BatchParallel(BatchEagle):
 
     def propose(self, root: Tensor, max_depth: int) -> DraftTree:
         """root: [B] -> a batch of `DraftTree` of depth <= min(depth, max_depth) (module docstring)."""
-        s, K, B = self.single, self.single.top_k, root.shape[0]
+        s, K, B = self.single, self.single.k, root.shape[0]
         D = min(s.depth, max_depth)
         if D <= 0:  # nothing to draft: keep the root pair for later
             self._pend(

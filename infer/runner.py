@@ -52,7 +52,7 @@ class TreeRunner:
     tree_attention: verify ``sdpa`` targets with `infer.attention.tree_attention` (no K/V repeat per
     head) instead of transformers' sdpa;
     static: keep the KV in preallocated per-layer buffers written in place (False: a growing
-    ``DynamicCache``, which `infer.profile` cuts back between timed steps). Two layouts, by target:
+    ``DynamicCache``, which `infer.cost` cuts back between timed steps). Two layouts, by target:
 
     - ``sdpa`` with tree attention and no sliding window: transformers' ``StaticCache`` and the boolean
       `infer.attention.TreeMask`, whose step rewrites only the last tree's columns and its own;
@@ -62,6 +62,7 @@ class TreeRunner:
       rewritten in place per step (boolean for tree attention, additive float otherwise; sliding
       windows by position; a dict of both for mixed layers).
 
+    checked: the caller ran `infer.support.check_target` on this target already.
     compile: run the verify forward (the target's forward over the tree, with its hooks) under
     ``torch.compile(dynamic=True)`` (`infer.compiled.CompiledStep`, one per target, reused by every
     generation; True: inductor, a string: that backend); the prefill stays eager (it runs once).
@@ -77,8 +78,10 @@ class TreeRunner:
         tree_attention: bool = True,
         static: bool = True,
         compile: bool | str = False,
+        checked: bool = False,
     ) -> None:
-        check_target(target)
+        if not checked:  # `speculative_generate` checks once per call, before building its runner
+            check_target(target)
         self.target = target
         self.aux_layers = tuple(aux_layers)
         self.text_cfg = target.config.get_text_config()
@@ -171,8 +174,9 @@ class BatchRunner:
     """
 
     def __init__(self, target: nn.Module, aux_layers: Sequence[int] = (), *, max_len: int = 0,
-                 static: bool = True, compile: bool | str = False) -> None:  # fmt: skip
-        check_target(target)
+                 static: bool = True, compile: bool | str = False, checked: bool = False) -> None:  # fmt: skip
+        if not checked:
+            check_target(target)
         self.target = target
         self.aux_layers = tuple(aux_layers)
         cfg = target.config.get_text_config()

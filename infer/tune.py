@@ -6,16 +6,24 @@ p = (r_1..r_d) is accepted with probability P(p) = Π_i acc[i-1, r_i] and a tree
 length (bonus token included) is E[τ] = 1 + Σ_{p in tree} P(p) (`expected_accept_length`). One step costs
 t_verify(N+1) + t_draft, so the expected throughput of an N-node tree is E[τ(N)] / (t_verify(N+1) +
 t_draft). The greedy trees of `infer.tree.greedy_nodes` are the optimal N-node trees under this model.
-`infer.tune_tree` measures the inputs (accuracies, latency profile) and saves the choice.
+The measured side: `measure_tau` (greedy τ of `infer.generate` configurations with their trees
+fixed), `pick_by_measured_tau` (the candidate trees re-priced with it) and `compare` (tokens/s against
+``target.generate``). `infer.tune_tree` measures the
+inputs (accuracies, `infer.cost` latency profiles) and saves the choice.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import statistics
+import time
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+import infer
 from infer.tree import greedy_nodes, validate_paths
 
 
@@ -136,7 +144,7 @@ def monotone(values: list[float]) -> list[float]:
 
 
 def profile_grid(max_k: int) -> list[int]:
-    """The k timed by `infer.profile.measure_profile`: every k up to 8, every 4th up to 32, every 8th
+    """The k timed by `infer.cost.measure_profile`: every k up to 8, every 4th up to 32, every 8th
     beyond, and max_k. Fewer points with more repeats each give a steadier fastest-of-n on a shared
     machine than every k with few repeats; the costs in between are interpolated (they change slowly)."""
     ks = [k for k in range(1, max_k + 1) if k <= 8 or (k <= 32 and k % 4 == 0) or k % 8 == 0]
@@ -160,3 +168,114 @@ def pad_ranks(acc: Tensor, paths) -> Tensor:
     """acc with zero columns for ranks a tree uses beyond the measured ones."""
     need = max((max(p) for p in paths), default=0) + 1
     return acc if acc.shape[1] >= need else torch.nn.functional.pad(acc, (0, need - acc.shape[1]))
+
+
+def measure_tau(model, prompts: list[Tensor], configs: dict, max_new_tokens: int) -> dict:
+    """Greedy mean accepted length (bonus included) of each config ({name: generate kwargs}) with its tree
+    fixed (``adaptive=False``), pooled over the prompts' steps. Greedy τ is deterministic, so one run
+    per prompt measures it exactly."""
+    taus = {}
+    for name, kw in configs.items():
+        lengths = []
+        for ids in prompts:
+            out = infer.generate(
+                model, ids, max_new_tokens=max_new_tokens, do_sample=False, adaptive=False, **kw
+            )
+            lengths += out.stats.accepted_lengths
+        taus[name] = sum(lengths) / max(len(lengths), 1)
+    return taus
+
+
+def compare(model, prompts: list[Tensor], configs: dict, max_new_tokens: int, warmup: int = 1) -> dict:
+    """Measured tokens/s and τ per config ({name: generate kwargs}; None = ``target.generate``), run
+    interleaved per prompt in a shuffled order; the greedy outputs must agree with the target's."""
+    rng = random.Random(0)
+    res = {k: {"tokens_per_s": [], "tau": []} for k in configs}
+    mismatches = {k: 0 for k in configs if configs[k] is not None}
+    with torch.inference_mode():
+        for i, ids in enumerate(prompts):
+            names = list(configs)
+            rng.shuffle(names)
+            outs = {}
+            for name in names:
+                kw = configs[name]
+                t0 = time.perf_counter()
+                if kw is None:
+                    seq = model.target.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                    )
+                    dt, tau = time.perf_counter() - t0, 1.0
+                else:
+                    o = infer.generate(model, ids, max_new_tokens=max_new_tokens, do_sample=False, **kw)
+                    seq, dt, tau = o.sequences, time.perf_counter() - t0, o.stats.mean_accepted_length
+                outs[name] = seq[0, ids.shape[1] :].tolist()
+                if i >= warmup:
+                    res[name]["tokens_per_s"].append(len(outs[name]) / dt)
+                    res[name]["tau"].append(tau)
+            ref = outs.get("target.generate")
+            for k in mismatches:
+                if ref is not None and outs[k] != ref:
+                    mismatches[k] += 1
+    summary = {}
+    for k, v in res.items():
+        summary[k] = {
+            "median_tokens_per_s": statistics.median(v["tokens_per_s"]),
+            "mean_tau": statistics.mean(v["tau"]),
+            "prompts": len(v["tau"]),
+        }
+        if k in mismatches:
+            summary[k]["greedy_mismatches_vs_target"] = mismatches[k]
+    return summary
+
+
+def measure_src(prompts: str | None, data: str) -> str:
+    """Where ``--measure-tau`` prompts come from: held-out rows of the data the accuracies came from, past
+    the ones scored (the ``--compare`` prompts stay unseen by the tuning)."""
+    return data if data.endswith(".jsonl") and os.path.isfile(data) else prompts_path(prompts, data)
+
+
+def prompts_path(prompts: str | None, data: str) -> str:
+    """``prompts`` (``--prompts``), else the ``prompts.jsonl`` beside the data."""
+    path = prompts or os.path.join(os.path.dirname(data), "prompts.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"prompts file {path!r} not found (pass --prompts)")
+    return path
+
+
+def pick_by_measured_tau(
+    model,
+    rec: dict,
+    prompts: list[Tensor],
+    cands: dict[str, dict],
+    step_cost: dict[str, float],
+    info: dict[str, dict],
+    max_new_tokens: int,
+) -> str:
+    """Measure the greedy τ of each candidate ({name: generate kwargs}) on ``prompts``, price it as
+    τ / ``step_cost[name]`` (seconds per step), and return the name of the fastest. The tuning record
+    ``rec`` gets the winner's and the default's (a candidate named "default") measured τ and rate, and
+    every candidate under ``"refined"`` (with its ``info``)."""
+    taus = measure_tau(model, prompts, cands, max_new_tokens)
+    scored = {
+        name: {
+            **info[name],
+            "measured_accept_length": taus[name],
+            "expected_tokens_per_s": taus[name] / step_cost[name],
+        }
+        for name in cands
+    }
+    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
+    rec.update(
+        measured_accept_length=scored[best]["measured_accept_length"],
+        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
+    )
+    if "default" in scored:
+        rec.update(
+            default_measured_accept_length=scored["default"]["measured_accept_length"],
+            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
+        )
+    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
+    return best

@@ -4,10 +4,11 @@
 
 1. Accuracies: per-depth rank probabilities of the heads on held-out data (`infer.evaluate`, or
    ``--accuracies`` to reuse its JSON).
-2. Latency profile (`infer.profile`): the target's cost of one verification step over k = 1..64 new
+2. Latency profile (`infer.cost`): the target's cost of one verification step over k = 1..64 new
    tokens after a real prefix, timed at a grid of k and interpolated in between, the fastest of
-   ``--repeats`` interleaved repeats (medians are recorded too), made monotone in k; and the draft's
-   cost of one ``propose``.
+   ``--repeats`` interleaved repeats (medians are recorded too), made monotone in k (kept as this
+   machine's verify-cost curve for `infer.adaptive` too: `infer.cost.remember`); and the draft's cost
+   of one ``propose``, both measured here, on the machine that will generate.
 3. Choice (`infer.tune`), by the heads' registry entry's tree kind: static trees (Medusa): the greedy
    tree of N nodes maximising E[τ(N)] / (t_step(N+1) + t_draft), N = 1..63. Dynamic trees (EAGLE-2):
    (total_tokens, depth) maximising the same with E[τ] from the best static tree of that size within
@@ -37,20 +38,23 @@ from torch import Tensor
 
 import infer
 from heads import registry
+from infer.cost import measure_draft, measure_profile, remember
 from infer.evaluate import BatchLoader, default_data, default_depth, evaluate_heads, load_all, summary, table
-from infer.measure import compare, measure_src, measure_tau, prompts_path
-from infer.profile import measure_draft, measure_profile
 from infer.prompts import load_prompts
 from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
 from infer.tune import (
     choose_eagle_budget,
     choose_num_nodes,
+    compare,
     empirical_accept_length,
     expected_accept_curve,
     expected_accept_length,
+    measure_src,
     pad_ranks,
+    pick_by_measured_tau,
     profile_grid,
+    prompts_path,
 )
 
 
@@ -172,42 +176,6 @@ def tune_eagle(
     }
     tree = {k: best[k] for k in ("total_tokens", "depth", "draft_top_k")}
     return tree | {"tuning": record}
-
-
-def pick_by_measured_tau(
-    model,
-    rec: dict,
-    prompts: list[Tensor],
-    cands: dict[str, dict],
-    step_cost: dict[str, float],
-    info: dict[str, dict],
-    max_new_tokens: int,
-) -> str:
-    """Measure the greedy τ of each candidate ({name: generate kwargs}) on ``prompts``, price it as
-    τ / ``step_cost[name]`` (seconds per step), and return the name of the fastest. The tuning record
-    ``rec`` gets the winner's and the default's (a candidate named "default") measured τ and rate, and
-    every candidate under ``"refined"`` (with its ``info``)."""
-    taus = measure_tau(model, prompts, cands, max_new_tokens)
-    scored = {
-        name: {
-            **info[name],
-            "measured_accept_length": taus[name],
-            "expected_tokens_per_s": taus[name] / step_cost[name],
-        }
-        for name in cands
-    }
-    best = max(scored, key=lambda k: scored[k]["expected_tokens_per_s"])
-    rec.update(
-        measured_accept_length=scored[best]["measured_accept_length"],
-        expected_tokens_per_s=scored[best]["expected_tokens_per_s"],
-    )
-    if "default" in scored:
-        rec.update(
-            default_measured_accept_length=scored["default"]["measured_accept_length"],
-            default_expected_tokens_per_s=scored["default"]["expected_tokens_per_s"],
-        )
-    rec["refined"] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "candidates": scored}
-    return best
 
 
 def refine_eagle(
@@ -401,6 +369,7 @@ def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     profile = measure_profile(
         target, prefix, opts.max_k, opts.repeats, aux_layers=aux, ks=profile_grid(opts.max_k)
     )
+    remember(target, profile["step_s"])  # adaptive speculation prices trees with this curve too
     ms = profile["step_s"]
     print(
         "step ms at k=1,8,16,32,64: "

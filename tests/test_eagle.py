@@ -599,7 +599,7 @@ def test_greedy_identity_trained_heads_accept(arch, vocab):
     taus = []
     for seed in (100, 101):
         ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(seed))
-        out = infer.generate(model, ids, max_new_tokens=40, do_sample=False)  # defaults 6 / 8 / 48
+        out = infer.generate(model, ids, max_new_tokens=40, do_sample=False, adaptive=False)  # 6 / 8 / 48
         assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
         taus.append(out.stats.mean_accepted_length)
     assert sum(taus) / len(taus) > 1.3, taus
@@ -614,7 +614,7 @@ def test_greedy_identity_deep_chains(arch, vocab):
     longest = 0
     for k, total in ((1, 7), (2, 20)):
         out = infer.generate(
-            model, ids, max_new_tokens=40, do_sample=False, draft_top_k=k, total_tokens=total
+            model, ids, max_new_tokens=40, do_sample=False, draft_top_k=k, total_tokens=total, adaptive=False
         )
         assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
         longest = max(longest, *out.stats.accepted_lengths)

@@ -304,8 +304,8 @@ def test_a_new_head_type_is_its_files_and_one_registry_entry(tmp_path):
             H = config.hidden_size
             self.blocks = nn.ModuleList(nn.Linear(H, H) for _ in range(config.num_heads))
 
-        def forward(self, hidden, lm_head):  # [..., H] -> [K, ..., V]: head k predicts token t+2+k
-            return lm_head(torch.stack([b(hidden) for b in self.blocks]))
+        def forward(self, hidden, lm_head, num_heads=None):  # [..., H] -> [K, ..., V]: head k predicts t+2+k
+            return lm_head(torch.stack([b(hidden) for b in self.blocks[:num_heads]]))
 
     def toy_loss(heads, out, batch, inputs: LossInputs):
         logits, ids, mask = heads(out.hidden, inputs.lm_head), batch["input_ids"], batch["loss_mask"]

@@ -328,7 +328,7 @@ def test_malformed_saved_budget_eagle(tmp_path, tree, message):
 
 def test_measure_profile_and_tune(tmp_path, one_thread):
     """The profile restores the cache each step; the tuned Medusa tree is valid and fits the heads."""
-    from infer.profile import measure_profile
+    from infer.cost import measure_profile
     from infer.tune_tree import tune_medusa
 
     target = tiny_model("llama")
@@ -352,7 +352,7 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
 
 def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
     """Σ accepted tokens / Σ verify steps of greedy `infer.generate` over ``prompts``: the expectation for
-    the refinement's measured τ, computed here without `infer.measure` (which the refinement uses)."""
+    the refinement's measured τ, computed here without `infer.tune.measure_tau` (which the refinement uses)."""
     import infer
 
     lengths = [

@@ -97,13 +97,18 @@ UNSERVED = {
     ("gemma3_text", "vllm"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
 }
 
+def _proposer(config: Eagle3Config) -> str:
+    """Heads trained for parallel drafting (``parallel_draft`` K > 0) draft all depths in one forward."""
+    return "parallel" if getattr(config, "parallel_draft", 0) else "eagle"
+
+
 register(
     HeadType(
         name="eagle3",
         config=Eagle3Config,
         module=Eagle3Head,
         objective=OBJECTIVE,
-        proposer="eagle",
+        proposer=_proposer,
         tree="dynamic",
         exports=EXPORTS,
         import_state=import_state,

@@ -59,15 +59,19 @@ class MedusaHeads(HubMixin, nn.Module):
                     head.weight.copy_(p.float())
         return heads.to(device=p.device, dtype=p.dtype)
 
-    def features(self, hidden: Tensor) -> Tensor:
-        """hidden: [..., H] -> [K, ..., H], each head's transformed state before its lm_head."""
-        return torch.stack([blk(hidden) for blk in self.blocks])
+    def features(self, hidden: Tensor, num_heads: int | None = None) -> Tensor:
+        """hidden: [..., H] -> [K, ..., H], each head's transformed state before its lm_head (the first
+        ``num_heads`` heads only, when given)."""
+        return torch.stack([blk(hidden) for blk in self.blocks[:num_heads]])
 
-    def forward(self, hidden: Tensor, lm_head: nn.Module | None = None) -> Tensor:
-        """hidden: [..., H] (target's last post-norm state) -> logits [K, ..., V]."""
-        feats = self.features(hidden)
+    def forward(
+        self, hidden: Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None
+    ) -> Tensor:
+        """hidden: [..., H] (target's last post-norm state) -> logits [K, ..., V] (K = ``num_heads`` when
+        given: the first heads only, as a draft of that depth needs)."""
+        feats = self.features(hidden, num_heads)
         if self.lm_heads is not None:
-            return torch.stack([head(f) for head, f in zip(self.lm_heads, feats, strict=True)])
+            return torch.stack([head(f) for head, f in zip(self.lm_heads[:num_heads], feats, strict=True)])
         if lm_head is None:
             raise ValueError(
                 "these Medusa heads reuse the target's lm_head; pass lm_head=target.get_output_embeddings()"

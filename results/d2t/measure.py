@@ -6,7 +6,7 @@
 Three measurements, one process, one torch thread, fp32:
 
 1. ``head``: the draft's lm_head + log_softmax + top-k of one tree depth (the frontier, [1, K, H] ->
-   top-K of [1, K, V or Vd]), the fastest-of-interleaved-repeats timing of `infer.profile.timings`;
+   top-K of [1, K, V or Vd]), the fastest-of-interleaved-repeats timing of `infer.cost.timings`;
    for the root ([1, H]) too.
 2. ``speed``: `bench.profile.speed` (target.generate and both heads, interleaved rounds over the
    demo's held-out prompts, greedy; τ, speedup, efficiency, greedy identity).
@@ -26,7 +26,7 @@ import torch
 
 from heads.io import atomic_text
 from bench.profile import ProfileOptions, setup, speed, split_table
-from infer.profile import timings
+from infer.cost import timings
 
 
 def head_cost(model, K: int, repeats: int = 200) -> dict:
