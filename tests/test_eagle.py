@@ -238,7 +238,9 @@ def test_reduced_vocab_save_load_and_tampered_map(tmp_path):
     assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
     f = torch.randn(1, 4, 32)
     with torch.no_grad():
-        assert torch.equal(loaded.logits(f, m.get_output_embeddings()), head.logits(f, m.get_output_embeddings()))
+        assert torch.equal(
+            loaded.logits(f, m.get_output_embeddings()), head.logits(f, m.get_output_embeddings())
+        )
     state = load_file(str(tmp_path / "model.safetensors"))
     state["d2t"] = state["d2t"].clone()
     state["d2t"][-1] = 10_000  # a target id far outside the vocabulary
@@ -505,7 +507,9 @@ def test_score_temperature_shapes_the_tree_only(arch, vocab):
         f1, s1, i1 = draft_step(head, emb, lm, getattr(head, "d2t", None), *args)
         f4, s4, i4 = draft_step(head, emb, lm, getattr(head, "d2t", None), *args, 0, 0, 4.0)
         assert torch.equal(i1, i4) and torch.allclose(f1, f4)
-        assert torch.allclose(s4, torch.log_softmax(4.0 * head.logits(f1, lm), -1).topk(4, -1).values, atol=1e-5)
+        assert torch.allclose(
+            s4, torch.log_softmax(4.0 * head.logits(f1, lm), -1).topk(4, -1).values, atol=1e-5
+        )
         assert not torch.allclose(s1, s4)
 
 
@@ -528,11 +532,11 @@ def test_generate_scores_greedy_and_sampled_trees_at_their_temperature(monkeypat
     monkeypatch.setattr(EagleProposer, "decoding", spy)
     for t in (0.05, 0.5, 3.0):
         model = infer.SpecModel(m, head, settings=InferSettings(greedy_score_temperature=t))
-        out = infer.generate(model, ids, max_new_tokens=32, do_sample=False)
+        out = infer.generate(model, ids, max_new_tokens=32, do_sample=False, adaptive=False)
         assert torch.equal(out.sequences, reference_greedy(m, ids, 32))
         assert seen[-1] == pytest.approx(1 / t)
     g = torch.Generator().manual_seed(0)
-    infer.generate(model, ids, max_new_tokens=8, do_sample=True, temperature=0.7, generator=g)
+    infer.generate(model, ids, max_new_tokens=8, do_sample=True, temperature=0.7, generator=g, adaptive=False)
     assert seen[-1] == pytest.approx(1 / 0.7)
     for bad in (0, -1.0, float("nan"), 11.0, True, "0.5"):
         with pytest.raises(ValueError, match="greedy_score_temperature"):
@@ -583,7 +587,14 @@ def test_greedy_identity_random_heads(arch):
     model = infer.SpecModel(m, fresh_head(arch))
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(7))
     out = infer.generate(
-        model, ids, max_new_tokens=24, do_sample=False, depth=4, draft_top_k=4, total_tokens=16
+        model,
+        ids,
+        max_new_tokens=24,
+        do_sample=False,
+        depth=4,
+        draft_top_k=4,
+        total_tokens=16,
+        adaptive=False,
     )
     assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
 
@@ -632,7 +643,9 @@ def check_exact_sampling(model, m, ids: torch.Tensor, samples: int = 300) -> Non
     from test_distribution import ALPHA, chi2_pvalue, warp_probs
 
     g = torch.Generator().manual_seed(0)
-    out = infer.generate(model, ids, max_new_tokens=30, do_sample=True, top_k=1, generator=g, eos_token_id=[])
+    out = infer.generate(
+        model, ids, max_new_tokens=30, do_sample=True, top_k=1, generator=g, eos_token_id=[], adaptive=False
+    )
     assert torch.equal(out.sequences, m.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None))
     assert max(out.stats.accepted_lengths) >= 3, out.stats.accepted_lengths
     warp = {"temperature": 0.7, "top_k": 3}

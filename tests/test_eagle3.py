@@ -260,7 +260,10 @@ def test_lm_head_init_in_training_setup():
 
     m = target("llama")
     g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.randint(3, V, (12,), generator=g).tolist(), "loss_mask": [1] * 12} for _ in range(4)]
+    rows = [
+        {"input_ids": torch.randint(3, V, (12,), generator=g).tolist(), "loss_mask": [1] * 12}
+        for _ in range(4)
+    ]
     cfg = SimpleNamespace(
         heads=SimpleNamespace(
             type="eagle3",
@@ -636,6 +639,7 @@ def test_greedy_identity_random_heads(arch):
         depth=4,
         draft_top_k=4,
         total_tokens=16,
+        adaptive=False,
     )
     assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
 
@@ -667,7 +671,7 @@ def test_greedy_identity_bf16_and_chain():
     model = infer.SpecModel(m, head)
     for k, total, tau in ((1, 7, 1.4), (8, 48, 2.0)):  # measured τ 1.56 (chain) and 2.44 (tree)
         out = infer.generate(
-            model, ids, max_new_tokens=40, do_sample=False, draft_top_k=k, total_tokens=total
+            model, ids, max_new_tokens=40, do_sample=False, draft_top_k=k, total_tokens=total, adaptive=False
         )
         assert torch.equal(out.sequences, reference_greedy(m, ids, 40))
         accepted = out.stats.accepted_lengths

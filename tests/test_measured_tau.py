@@ -125,7 +125,11 @@ def generate_tau(target, heads, prompts: list, new_tokens: int) -> float:
     with torch.no_grad():
         for ids in prompts:
             out = infer.generate(
-                infer.SpecModel(target, heads), ids, max_new_tokens=new_tokens, do_sample=False
+                infer.SpecModel(target, heads),
+                ids,
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                adaptive=False,
             )
             accepted += sum(out.stats.accepted_lengths)
             steps += len(out.stats.accepted_lengths)

@@ -244,7 +244,8 @@ def test_infer_settings_config_and_defaults_of_generate(tmp_path, one_thread):
     tuned, plain = infer.SpecModel(target, heads, settings=typical), infer.SpecModel(target, heads)
     assert tuned.proposer().tree == [[0], [1]] and len(plain.proposer().tree) == 32
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
-    kw = {"max_new_tokens": 16, "do_sample": True}
+    # a fixed tree: adaptation picks trees from measured timings, and a seeded sample path follows the tree
+    kw = {"max_new_tokens": 16, "do_sample": True, "adaptive": False}
     got = infer.generate(tuned, ids, generator=torch.Generator().manual_seed(4), **kw)
     want = infer.generate(
         plain,
@@ -351,7 +352,7 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
 
 
 def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
-    """Σ accepted tokens / Σ verify steps of greedy `infer.generate` over ``prompts``: the expectation for
+    """Σ accepted tokens / Σ verify steps of greedy `infer.generate` with the fixed tree over ``prompts``: the expectation for
     the refinement's measured τ, computed here without `infer.tune.measure_tau` (which the refinement uses)."""
     import infer
 
@@ -359,7 +360,7 @@ def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
         a
         for ids in prompts
         for a in infer.generate(
-            model, ids, max_new_tokens=new_tokens, do_sample=False, **kw
+            model, ids, max_new_tokens=new_tokens, do_sample=False, adaptive=False, **kw
         ).stats.accepted_lengths
     ]
     return sum(lengths) / len(lengths)
