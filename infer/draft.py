@@ -123,8 +123,8 @@ def root_only_rows(root: Tensor) -> DraftTree:
 def medusa_topk(heads: nn.Module, lm_head: nn.Module, hidden: Tensor, depth: int, k: int) -> Tensor:
     """The Medusa draft step: hidden [B, H] (the last accepted position's state) -> token ids [B, D, K],
     head d's k best tokens (Cai et al. 2024, Medusa: head d predicts the token d+2 positions ahead), from
-    the heads' own forward over their first ``depth`` heads. ``depth`` and ``k`` are fixed per tree
-    cut, so under ``torch.compile`` each cut is one graph."""
+    the heads' own forward over their first ``depth`` heads. ``depth`` and ``k`` are the whole tree's (a cut
+    tree slices the result), so under ``torch.compile`` a proposer has one graph however its trees are cut."""
     return heads(hidden, lm_head, num_heads=depth).topk(k, dim=-1).indices.transpose(0, 1)
 
 
@@ -184,8 +184,10 @@ class BatchMedusa(BatchProposer):
         tb = single.buffers(max_depth, root.device)
         if not tb.paths:
             return root_only_rows(root)
-        topk = compiled(medusa_topk, single.backend)(single.heads, single.lm_head, self.hidden, tb.max_depth,
-                                                      tb.topk)  # fmt: skip
+        # the whole tree's top-k, cut here: a cut's smaller depth and k would each be a graph under compile
+        full = single.buffers(single.depth, root.device)
+        topk = compiled(medusa_topk, single.backend)(single.heads, single.lm_head, self.hidden, full.max_depth,
+                                                      full.topk)[:, : tb.max_depth, : tb.topk]  # fmt: skip
         tokens = torch.cat([root[:, None], topk.reshape(B, -1)[:, tb.cand_index]], 1)  # [B, N+1]
         return rows_of(DraftTree(tokens, tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before), B)
 

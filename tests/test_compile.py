@@ -1,9 +1,9 @@
 """``compile=``: the verify step and the Medusa / EAGLE draft steps under torch.compile keep greedy identity,
 trace without graph breaks, and are compiled once per process, not once per generation.
 
-Dynamo's ``eager`` backend traces the same graphs inductor would compile (inductor itself takes minutes on
-this CPU: `results/compile/`). Compiled graphs are counted per function with dynamo's cache entries (one
-per compiled graph of that function's code object), graph breaks with its counters."""
+Dynamo's ``eager`` backend traces the same graphs inductor would compile (inductor itself, with heads
+that accept: test_compile_inductor.py). Compiled graphs are counted with dynamo's cache entries (one per
+compiled graph of a code object) over every copy of each step function, graph breaks with its counters."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 import infer
 from heads import Eagle3Head, EagleHead, MedusaHeads
 from infer.attention import ATTN_IMPLEMENTATION, attention_implementation
-from infer.compiled import CompiledStep, compiled_step
+from infer.compiled import _steps, compiled, compiled_step
 from infer.draft import medusa_topk
 from infer.eagle_draft import draft_step
 from infer.runner import TreeRunner
@@ -29,13 +29,19 @@ pytestmark = [
     pytest.mark.usefixtures("one_thread"),
     pytest.mark.filterwarnings("ignore:aux_layer_ids .* not strictly increasing:UserWarning"),
 ]
-STEPS = (CompiledStep._forward, medusa_topk, draft_step)
 EAGLE_TREE = {"depth": 4, "draft_top_k": 4, "total_tokens": 16}
 
 
+def _graphs_of(fn) -> int:
+    return len(_debug_get_cache_entry_list(getattr(fn, "_torchdynamo_orig_callable", fn).__code__))
+
+
 def graphs() -> list[int]:
-    """Compiled graphs so far of the verify step, the Medusa step and the EAGLE step."""
-    return [len(_debug_get_cache_entry_list(f)) for f in STEPS]
+    """Compiled graphs so far of the verify step, the Medusa step and the EAGLE step: over every
+    target's and head's copy of the step function (`infer.compiled.fresh_copy`)."""
+    verify = [step.fn for per_target in _steps.values() for step in per_target.values()]
+    drafts = [compiled(fn, "eager").copies.values() for fn in (medusa_topk, draft_step)]
+    return [sum(_graphs_of(f) for f in fns) for fns in (verify, *drafts)]
 
 
 def target_and_spec(kind: str):

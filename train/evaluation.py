@@ -29,6 +29,7 @@ from heads import registry
 from infer.generate import context_length
 from train.losses import simulated_accept_length
 from train.objective import batch_loss, loss_inputs, position_name, position_weights, target_forward
+from train.run import deepspeed_plugin, outside_zero3_init
 
 
 def _keep_rows(run, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -246,10 +247,11 @@ def measure_tau(run) -> dict[str, Any] | None:
     settings, t0 = "", time.time()
     if acc.is_main_process:
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        # its init draws from the RNG; outside zero.Init, because a draft layer built by transformers would
+        # be partitioned there, a collective the other processes never join (a hang under ZeRO-3)
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            heads = registry.get(run.head_config.head_type).module(
-                run.head_config
-            )  # its init draws from the RNG
+            with outside_zero3_init(deepspeed_plugin(acc)):
+                heads = registry.get(run.head_config.head_type).module(run.head_config)
             heads.load_state_dict(state)
             p = next(run.target.parameters())
             model = infer.SpecModel(run.target, heads.to(device=p.device, dtype=p.dtype).eval())

@@ -24,7 +24,7 @@ from heads.io import atomic_dir
 from train import checkpoint as ckpt
 from train.config import to_dict, to_yaml
 from train.medusa2 import save_adapter
-from train.run import DIR_MODE, Run
+from train.run import DIR_MODE, Run, deepspeed_plugin, outside_zero3_init
 
 BEST = "best"  # output_dir/best: heads-only copy of the best-τ eval so far (removed when the run ends)
 HUB_STAGING = ".hub-staging"  # output_dir/.hub-staging: the current heads while they are pushed
@@ -83,6 +83,13 @@ def _heads_files(run: Run, ev: dict[str, Any] | None) -> dict[str, str]:
     return extra
 
 
+def _fresh_heads(run: Run):
+    """A new module of the run's heads, built on one process: outside zero.Init, where a draft layer built
+    by transformers would be partitioned by a collective the other processes never join (a hang)."""
+    with outside_zero3_init(deepspeed_plugin(run.accelerator)):
+        return registry.get(run.head_config.head_type).module(run.head_config)
+
+
 def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None:
     """Heads-only save of the current weights (gathered under ZeRO-3; every process calls this) into
     ``directory`` with the run config and ``ev``. ``output_dir`` itself is updated file by file (each
@@ -94,7 +101,7 @@ def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None
     if joint:
         state = {k.removeprefix("heads."): v for k, v in state.items() if k.startswith("heads.")}
     if acc.is_main_process:
-        heads = registry.get(run.head_config.head_type).module(run.head_config)
+        heads = _fresh_heads(run)
         heads.load_state_dict(state)
         if os.path.abspath(directory) == os.path.abspath(run.cfg.output_dir):
             save_heads(heads, directory, extra_files=_heads_files(run, ev))
@@ -111,7 +118,7 @@ def save_heads_copy(run: Run, directory: str, ev: dict[str, Any] | None) -> None
 def _save_best_copy(run: Run, best_dir: str, best_ev: dict[str, Any], ev: dict[str, Any]) -> None:
     """Main process: the heads (and Medusa-2 adapter) kept in ``best_dir`` become the output_dir's heads,
     with ``best_ev`` plus ``last`` (the final step's eval ``ev``) as their eval_results.json."""
-    heads = registry.get(run.head_config.head_type).module(run.head_config)
+    heads = _fresh_heads(run)
     heads.load_state_dict(load_file(os.path.join(best_dir, "model.safetensors")))
     save_heads(
         heads, run.cfg.output_dir, extra_files=_heads_files(run, best_ev | {"last": {"step": run.step, **ev}})
