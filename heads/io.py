@@ -8,10 +8,12 @@ Every file or directory selfspec writes for a user goes through one of them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 
 TMP_PREFIX = ".tmp-"
 
@@ -64,3 +66,24 @@ def atomic_dir(final: str, *, mode: int | None = None) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+META_SUFFIX = ".meta"  # not a data suffix, so a directory of outputs still loads as data
+
+
+def check_settings(out: str, settings: dict[str, Any], fresh: bool, made: str = "generated") -> None:
+    """Record ``settings`` in ``out + ".meta"`` next to a fresh resumable output; refuse (one ``ValueError``
+    naming the keys that differ) to append to an output that was ``made`` with other settings."""
+    meta = out + META_SUFFIX
+    if os.path.exists(meta) and not fresh:
+        with open(meta) as f:
+            old = json.load(f)
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(
+                f"{out} was {made} with other settings ({what}); resume with the same settings or "
+                "write to a new output path"
+            )
+        return
+    atomic_text(meta, json.dumps(settings, indent=2, sort_keys=True) + "\n")

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from heads.io import atomic_text
+from heads.io import atomic_text, check_settings
 from train.code_prompts import code_prompts, code_request, source_roots
 from train.regen_generate import eos_ids, generate_batch
 
@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 SENTINEL = "SELFSPEC7F3AUSERTEXT"
 NEAR_CHARS = 64
 SAMPLES_SUFFIX = ".samples"  # not a data suffix: a directory of outputs still loads as data
-META_SUFFIX = ".meta"
 
 
 @dataclass
@@ -226,19 +225,6 @@ def read_samples(path: str) -> list[dict]:
     return batches
 
 
-def _check_meta(out: str, settings: dict[str, Any], fresh: bool) -> None:
-    meta = out + META_SUFFIX
-    if os.path.exists(meta) and not fresh:
-        with open(meta) as f:
-            old = json.load(f)
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"{out} was sampled with other settings ({what}); use them or a new output path")
-        return
-    atomic_text(meta, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-
-
 def _origin(path: str) -> str:
     """A source file's path below its root (stdlib or site-packages), machine-independent."""
     for name, root in [("stdlib", sysconfig.get_paths()["stdlib"])] + [
@@ -285,7 +271,7 @@ def sample_user_turns(
     ``OUT.samples``. ValueError if ``max_samples`` turns leave fewer than ``n_chat`` after filtering."""
     path = cfg.out + SAMPLES_SUFFIX
     batches = read_samples(path)
-    _check_meta(cfg.out, cfg.settings(), fresh=not batches)
+    check_settings(cfg.out, cfg.settings(), fresh=not batches, made="sampled")
     keep = _Filter(cfg, report)
     for b in batches:
         for j, s in enumerate(b["samples"]):

@@ -58,7 +58,7 @@ from transformers import AutoTokenizer
 
 from heads import targets
 from heads.graft import load_target
-from heads.io import atomic_text
+from heads.io import check_settings
 from train.data import DataError, _load, detect_format
 from train.regen_generate import (  # noqa: F401  (generate_batch, context_length: part of this module's API)
     batch_plan,
@@ -74,7 +74,6 @@ from train.regen_generate import (  # noqa: F401  (generate_batch, context_lengt
 logger = logging.getLogger(__name__)
 
 INDEX_KEY = "source_index"
-META_SUFFIX = ".meta"  # not a data suffix, so a directory of outputs still loads as data
 
 
 @dataclass
@@ -237,24 +236,6 @@ def read_done(out: str) -> set[int]:
     return done
 
 
-def _check_meta(out: str, settings: dict[str, Any], fresh: bool) -> None:
-    """Record ``settings`` next to a fresh output; refuse to append to one made with other settings."""
-    meta = out + META_SUFFIX
-    if os.path.exists(meta) and not fresh:
-        with open(meta) as f:
-            old = json.load(f)
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(
-                f"{out} was generated with other settings ({what}); resume with the same settings or "
-                "write to a new output path"
-            )
-        return
-    text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
-    atomic_text(meta, text)
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -319,7 +300,7 @@ def regenerate(
 
     os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
     done = read_done(cfg.out)
-    _check_meta(cfg.out, cfg.settings(), fresh=not done)
+    check_settings(cfg.out, cfg.settings(), fresh=not done)
     report = RegenReport(out=cfg.out, format=fmt, rows=n, done_before=sum(i < n for i in done))
     report.no_assistant, report.skipped_rows = len(skip), sorted(skip)
     if skip:
