@@ -61,7 +61,7 @@ def best_tree_value(
     """[depth] floats: E[drafts accepted at depth d] (d = 1..depth) of the best tree, whose sum is the
     largest E[drafts accepted] of any tree of at most ``drafts`` nodes and depth <= ``depth`` below
     ``root``, for the target after ``prefix`` [1, T]: the sum of the ``drafts`` highest path
-    probabilities, found best-first (``warp``: the sampling warpers, as `infer.options` builds them).
+    probabilities, found best-first (``warp``: the sampling warpers, as `infer.arguments` builds them).
 
     One target forward per expanded node on a cache of prefix + root (cropped back after each), so at
     most ``drafts`` forwards of <= ``depth`` tokens. A measurement tool, not a decode path."""
@@ -121,8 +121,8 @@ def head_tree_value(
 
 def sampling_warp(target: nn.Module, gc):
     """The warpers `infer.generate` (and ``target.generate``) sample with under ``gc``: the config resolved
-    as `infer.options` resolves it, so transformers' global defaults (top-k 50) are included."""
-    from infer.options import _resolve, _warpers
+    as `infer.arguments` resolves it, so transformers' global defaults (top-k 50) are included."""
+    from infer.arguments import _resolve, _warpers
 
     return _warpers(_resolve(target, gc, {}))
 

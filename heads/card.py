@@ -25,7 +25,7 @@ from heads.registry import REGISTRY
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
 TRAIN_CONFIG_NAME = "train_config.yaml"
-_ACCURACY_COLUMNS = {  # eval_results.json key -> column title (`train.evaluate`)
+_ACCURACY_COLUMNS = {  # eval_results.json key -> column title (`train.evaluation`)
     "top1_vs_target": "top-1 vs target",
     "top1_vs_data": "top-1 vs data",
     "top5_vs_data": "top-5 vs data",

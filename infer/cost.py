@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from heads.graft import run_target
 from infer.runner import TreeRunner
 from infer.tree import DraftTree, default_accuracies, greedy_nodes, tree_buffers
-from infer.tune import interpolate, monotone
+from infer.tree_choice import interpolate, monotone
 from infer.verify import accept_greedy
 
 
@@ -92,9 +92,9 @@ def measure_profile(
 
     The tree shapes are greedy trees on `infer.tree.default_accuracies` (the cost hardly depends on the
     shape). The runner keeps a ``DynamicCache`` (``static=False``) so that a step can be cut back to the
-    prefix. ``ks`` (default: every k) are the sizes timed; the others are `infer.tune.interpolate`d.
+    prefix. ``ks`` (default: every k) are the sizes timed; the others are `infer.tree_choice.interpolate`d.
     Returns {"k": [1..max_k], "k_measured": ks, "step_s_median" and "step_s_min": the median and the
-    fastest of the interleaved repeats at every k, "step_s": the `infer.tune.monotone` fit of the
+    fastest of the interleaved repeats at every k, "step_s": the `infer.tree_choice.monotone` fit of the
     fastest (what the choice uses)}. On a shared machine the slowdowns are bursts of contention that
     only add time: on the demo target with 2 busy cores the medians of 7 repeats jumped by up to 30 ms
     between neighbouring k (56-107 ms), while the fastest runs rose smoothly from 48 to 73 ms over
@@ -201,7 +201,7 @@ def lower_envelope(values: list[float]) -> list[float]:
     """[k-1] -> min over k' >= k of values[k'-1]: the true cost never falls with k and a contended machine
     only adds time, so each larger k's timing bounds every smaller k's cost. On 2 loaded cores single
     sizes of a 1 ms tiny-model step timed 16-45 ms in all of their repeats; this drops such spikes (a
-    least-squares monotone fit, `infer.tune.monotone`, spreads them over the larger k instead)."""
+    least-squares monotone fit, `infer.tree_choice.monotone`, spreads them over the larger k instead)."""
     out, low = [], float("inf")
     for v in reversed(values):
         low = min(low, v)

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from infer.adaptive import Adapter, Adaptive
+from infer.arguments import Job, context_length, prepare
 from infer.compiled import backend_of
 from infer.cost import verify_seconds
 from infer.draft import BatchProposer, Proposer
-from infer.options import Job, context_length, prepare
 from infer.runner import BatchRunner, TreeRunner
 from infer.settings import DEFAULTS
 from infer.support import check_target

@@ -8,7 +8,7 @@ One loader for every script that reads prompts (the benchmark, tree tuning, prof
 
 A ``text`` row is tokenized as is, with the tokenizer's special tokens (e.g. BOS), optionally cut to its
 first ``max_tokens`` tokens. A chat row (``messages`` of role/content turns, or ShareGPT
-``conversations`` of from/value turns: `heads.chat.to_messages`) is rendered with the chat template and
+``conversations`` of from/value turns: `heads.conversation.to_messages`) is rendered with the chat template and
 the generation prompt, up to its first assistant turn: what the target answers when it is served.
 """
 
@@ -19,7 +19,7 @@ import os
 
 from torch import Tensor
 
-from heads.chat import to_messages
+from heads.conversation import to_messages
 
 
 def read_prompts(path: str) -> list[dict]:

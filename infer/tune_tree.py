@@ -2,14 +2,14 @@
 
 ``scripts/tune_tree.py`` is this module's command line (options: `TuneOptions`):
 
-1. Accuracies: per-depth rank probabilities of the heads on held-out data (`infer.evaluate`, or
+1. Accuracies: per-depth rank probabilities of the heads on held-out data (`infer.head_accuracy`, or
    ``--accuracies`` to reuse its JSON).
 2. Latency profile (`infer.cost`): the target's cost of one verification step over k = 1..64 new
    tokens after a real prefix, timed at a grid of k and interpolated in between, the fastest of
    ``--repeats`` interleaved repeats (medians are recorded too), made monotone in k (kept as this
    machine's verify-cost curve for `infer.adaptive` too: `infer.cost.remember`); and the draft's cost
    of one ``propose``, both measured here, on the machine that will generate.
-3. Choice (`infer.tune`), by the heads' registry entry's tree kind: static trees (Medusa): the greedy
+3. Choice (`infer.tree_choice`), by the heads' registry entry's tree kind: static trees (Medusa): the greedy
    tree of N nodes maximising E[τ(N)] / (t_step(N+1) + t_draft), N = 1..63. Dynamic trees (EAGLE-2):
    (total_tokens, depth) maximising the same with E[τ] from the best static tree of that size within
    the depth and draft_top_k (a conservative estimate of the dynamic tree). With ``--measure-tau P``
@@ -39,11 +39,19 @@ from torch import Tensor
 import infer
 from heads import registry
 from infer.cost import measure_draft, measure_profile, remember
-from infer.evaluate import BatchLoader, default_data, default_depth, evaluate_heads, load_all, summary, table
+from infer.head_accuracy import (
+    BatchLoader,
+    default_data,
+    default_depth,
+    evaluate_heads,
+    load_all,
+    summary,
+    table,
+)
 from infer.prompts import load_prompts
 from infer.settings import BUDGET_KEYS, DEFAULTS, write_settings
 from infer.tree import default_tree, greedy_nodes
-from infer.tune import (
+from infer.tree_choice import (
     choose_eagle_budget,
     choose_num_nodes,
     compare,
@@ -409,7 +417,7 @@ def settings_values(tree: dict) -> dict:
 def tune_tree(opts: TuneOptions, load_batches: BatchLoader) -> dict:
     """``scripts/tune_tree.py``: tune, report, optionally compare, and save ``<heads>/inference.json``.
     Returns the tuned tree dict (``paths`` or the EAGLE-2 budget, and the ``tuning`` record).
-    ``load_batches``: how held-out data is read (`infer.evaluate.BatchLoader`)."""
+    ``load_batches``: how held-out data is read (`infer.head_accuracy.BatchLoader`)."""
     run = _prepare(opts, load_batches)
     tree, configs = TUNERS[registry.of(run.model.heads).tree](run)
     target = run.model.target

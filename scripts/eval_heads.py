@@ -3,14 +3,14 @@
     python scripts/eval_heads.py --heads out/demo-medusa                 # data: the run's eval_path
     python scripts/eval_heads.py --heads out/demo-eagle --data held_out.jsonl --depth 6 --output acc.json
 
-What it scores and writes: `infer.evaluate` (options: `infer.evaluate.EvalOptions`; any option also as
+What it scores and writes: `infer.head_accuracy` (options: `infer.head_accuracy.EvalOptions`; any option also as
 ``key=value`` or in a ``--config`` YAML). Writes JSON (``--output``, default ``<heads>/eval_heads.json``).
 """
 
 from __future__ import annotations
 
 from heads.config import parse_cli
-from infer.evaluate import EvalOptions, eval_heads
+from infer.head_accuracy import EvalOptions, eval_heads
 from train.data import eval_batches
 
 

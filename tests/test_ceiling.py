@@ -24,7 +24,7 @@ from bench.ceiling import (
     summarise,
 )
 from heads import EagleHead, MedusaHeads, save_heads
-from infer.options import _warpers
+from infer.arguments import _warpers
 from infer.runner import TreeRunner
 from infer.verify import accept_exact
 

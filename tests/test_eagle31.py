@@ -100,7 +100,7 @@ def proposer_chain(head, m, prefix: torch.Tensor) -> tuple[list[torch.Tensor], t
 def training_logits(kind: str, head, m, seq: torch.Tensor, k: int, monkeypatch) -> list[torch.Tensor]:
     """The draft logits the training loss reads for pair k at steps 0..K-1 (EAGLE-3: the packed rows
     handed to the loss; EAGLE-1/2: the draft features handed to `eagle_loss`, through ``head.logits``,
-    then ``ttt_unroll`` for the deeper steps, as `infer.evaluate` scores them)."""
+    then ``ttt_unroll`` for the deeper steps, as `infer.head_accuracy` scores them)."""
     T = seq.shape[0]
     ids = seq[None]
     loss_mask = torch.zeros(1, T, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""`infer.evaluate` (scripts/eval_heads.py): the EAGLE unroll matches inference-style drafting, ranks and
+"""`infer.head_accuracy` (scripts/eval_heads.py): the EAGLE unroll matches inference-style drafting, ranks and
 accuracies are right."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import torch
 from conftest import tiny_model
 
 from heads.unroll import cached_unroll
-from infer.evaluate import RankStats, batch_ranks, evaluate_heads, summary
+from infer.head_accuracy import RankStats, batch_ranks, evaluate_heads, summary
 
 
 def unroll_eagle(head, embed, input_ids, feats, attention_mask, steps):
     """`heads.unroll.cached_unroll` (the cache + 4D-mask unroll behind both EAGLE heads' inference-style
-    evaluation) called the way `infer.evaluate` calls it: ``steps`` x [B, T-1, H]."""
+    evaluation) called the way `infer.head_accuracy` calls it: ``steps`` x [B, T-1, H]."""
     B = input_ids.shape[0]
     toks = torch.cat([input_ids[:, 1:], input_ids[:, -1:].expand(B, steps - 1)], 1)
     am = attention_mask.bool()

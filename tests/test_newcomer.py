@@ -104,7 +104,7 @@ def test_infer_load_finds_the_target_from_the_heads(demo_heads, tmp_path):
 
 
 def test_scripts_accept_the_demo_names(demo_heads):
-    from infer.evaluate import load_all  # what eval_heads.py and tune_tree.py load with
+    from infer.head_accuracy import load_all  # what eval_heads.py and tune_tree.py load with
 
     directory, path = demo_heads
     heads, target, tokenizer, _ = load_all(directory, "demo-tiny", "float32")

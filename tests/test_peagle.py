@@ -276,7 +276,7 @@ def test_heads_draft_all_their_slots_by_default(tmp_path):
     """P-EAGLE heads with K = 8 slots (more than EAGLE-2's default depth 6) draft depth 8 unless asked for
     less: in memory, loaded from a directory, and in the offline eval's depths; an explicit ``depth`` and a
     saved ``inference.json`` win; sequential heads keep 6. The tree tuner compares against that default. Greedy output stays the target's at depth 8."""
-    from infer.evaluate import default_depth
+    from infer.head_accuracy import default_depth
     from infer.settings import write_settings
 
     m = target("llama")

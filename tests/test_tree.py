@@ -19,7 +19,7 @@ from infer.tree import (
     tree_buffers,
     validate_paths,
 )
-from infer.tune import expected_accept_length
+from infer.tree_choice import expected_accept_length
 
 # node:    1     2     3       4       5       6
 PATHS = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]

@@ -1,4 +1,4 @@
-"""Tree tuning (`infer.tree` greedy trees, `infer.tune` size choice), saved inference settings
+"""Tree tuning (`infer.tree` greedy trees, `infer.tree_choice` size choice), saved inference settings
 (`infer.settings`: inference.json), and `infer.tune_tree` (scripts/tune_tree.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import tiny_model
 
 from infer.settings import write_settings
 from infer.tree import build_tree, default_tree, greedy_nodes, validate_paths
-from infer.tune import (
+from infer.tree_choice import (
     choose_eagle_budget,
     choose_num_nodes,
     empirical_accept_length,
@@ -121,7 +121,7 @@ def test_choose_eagle_budget_matches_brute_force():
 
 
 def test_profile_grid_and_interpolation():
-    from infer.tune import interpolate, profile_grid
+    from infer.tree_choice import interpolate, profile_grid
 
     grid = profile_grid(64)
     assert grid[:8] == list(range(1, 9)) and grid[-1] == 64 and {12, 16, 28, 32, 40, 56} <= set(grid)
@@ -132,7 +132,7 @@ def test_profile_grid_and_interpolation():
 
 
 def test_monotone_profile():
-    from infer.tune import monotone
+    from infer.tree_choice import monotone
 
     assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
     assert monotone([5.0, 1.0, 1.0]) == pytest.approx([7 / 3] * 3)
@@ -353,7 +353,7 @@ def test_measure_profile_and_tune(tmp_path, one_thread):
 
 def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
     """Σ accepted tokens / Σ verify steps of greedy `infer.generate` with the fixed tree over ``prompts``: the expectation for
-    the refinement's measured τ, computed here without `infer.tune.measure_tau` (which the refinement uses)."""
+    the refinement's measured τ, computed here without `infer.tree_choice.measure_tau` (which the refinement uses)."""
     import infer
 
     lengths = [

@@ -16,7 +16,7 @@ data that is the assistant turns only (training on user or system text is a know
 training accuracy and poor acceptance, docs/design.md §8), rendered exactly as the serving engine will
 render them, i.e. with the tokenizer's own chat template. For plain text every token is a label.
 
-How assistant tokens are found for any chat template is `train.chat`'s job; where rows come from
+How assistant tokens are found for any chat template is `train.chat_mask`'s job; where rows come from
 (files, directories, Hub datasets) `train.sources`'. Nothing is tokenized in pieces, so the token ids
 are exactly those a server gets.
 
@@ -36,7 +36,7 @@ import datasets
 import torch
 
 # What other modules import from here: the row loaders and the chat rendering live in their own modules.
-from train.chat import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
+from train.chat_mask import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
 from train.sources import (
     JSON_SUFFIXES,
     PARQUET_SUFFIXES,
@@ -427,7 +427,7 @@ def collate(
 
 def eval_batches(data: str, tokenizer, max_examples: int, max_length: int, batch_size: int) -> list[dict]:
     """Tokenized, collated batches (`collate`) of the first ``max_examples`` rows of ``data`` (a local file
-    or Hub id, in any training format): the held-out data `infer.evaluate` and `infer.tune_tree` score the
+    or Hub id, in any training format): the held-out data `infer.head_accuracy` and `infer.tune_tree` score the
     heads on (the scripts pass this loader in, so `infer` never imports `train`)."""
     cfg = DataConfig(path=data, max_length=max_length)
     label, runs = _runs(data, "train", cfg, first=max_examples)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from heads.chat import ROLES
+from heads.conversation import ROLES
 from train.data import DataError, _render, to_messages
 
 _NO_ASSISTANT = "conversation has no assistant turn"

@@ -45,7 +45,7 @@ from heads.graft import TargetOutput, run_target
 from heads.io import atomic_text
 from infer.settings import DEFAULTS, heads_defaults
 from infer.tree import chain
-from infer.tune import empirical_accept_length, expected_accept_length
+from infer.tree_choice import empirical_accept_length, expected_accept_length
 
 TOPK = 10
 

@@ -16,17 +16,17 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-from heads import chat
-from heads.chat import ROLES  # noqa: F401  (re-exported: train.data.ROLES)
+from heads.conversation import ROLES  # noqa: F401  (re-exported: train.data.ROLES)
+from heads.conversation import to_messages as _to_messages
 from train.sources import DataError, _one_line
 
 
 def to_messages(conversation: Any, where: str) -> list[dict[str, str]]:
-    """Normalise one ShareGPT or OpenAI-style conversation to ``[{"role", "content"}]`` (`heads.chat.to_messages`,
+    """Normalise one ShareGPT or OpenAI-style conversation to ``[{"role", "content"}]`` (`heads.conversation.to_messages`,
     the one normaliser: ``from``/``value`` or ``role``/``content`` turns, roles mapped by `ROLES`, leading
     assistant turns dropped); a training conversation needs an assistant turn. Raises DataError naming
     ``where``."""
-    return chat.to_messages(conversation, where, error=DataError)
+    return _to_messages(conversation, where, error=DataError)
 
 
 def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
