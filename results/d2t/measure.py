@@ -24,8 +24,8 @@ import statistics
 
 import torch
 
-from heads.io import atomic_text
 from bench.profile import ProfileOptions, setup, speed, split_table
+from heads.io import atomic_text
 from infer.cost import timings
 
 

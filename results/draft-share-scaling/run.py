@@ -33,11 +33,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import infer  # noqa: E402
+from bench.machine import machine_info  # noqa: E402
 from demo.precision import fast_precision  # noqa: E402
 from demo.spec import SPECS  # noqa: E402
 from heads.eagle3.module import Eagle3Head  # noqa: E402
 from heads.io import atomic_text  # noqa: E402
-from bench.machine import machine_info  # noqa: E402
 
 
 def _llama(layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int) -> dict:
