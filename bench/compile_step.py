@@ -80,7 +80,10 @@ def spec_for(target, kind: str) -> tuple[infer.SpecModel, dict]:
 def timed_call(target, spec, tree: dict, prompt: torch.Tensor, n: int, compile) -> dict:
     before = graphs()
     t = time.perf_counter()
-    out = infer.generate(spec, prompt, max_new_tokens=n, do_sample=False, compile=compile, **tree)
+    # the fixed tree eager and compiled alike (a compiled call never adapts)
+    out = infer.generate(
+        spec, prompt, max_new_tokens=n, do_sample=False, compile=compile, adaptive=False, **tree
+    )
     s = time.perf_counter() - t
     ref = target.generate(prompt, do_sample=False, max_new_tokens=n, pad_token_id=0)
     new = {k: v - before[k] for k, v in graphs().items()}

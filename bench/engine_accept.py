@@ -82,8 +82,8 @@ def prompt_ids(tokenizer, path: str, n: int) -> list[list[int]]:
 
 
 def selfspec_run(o: argparse.Namespace, ids: list[list[int]], model) -> dict:
-    """Greedy ``infer.generate`` per prompt with a chain of ``o.depth`` drafts: τ over all steps and the
-    new token ids."""
+    """Greedy ``infer.generate`` per prompt with a fixed chain of ``o.depth`` drafts (``adaptive=False``:
+    the engine drafts that chain every step): τ over all steps and the new token ids."""
     import torch
 
     import infer
@@ -98,7 +98,9 @@ def selfspec_run(o: argparse.Namespace, ids: list[list[int]], model) -> dict:
     new, lengths = [], []
     for row in ids:
         x = torch.tensor([row], device=device)
-        out = infer.generate(model, x, max_new_tokens=o.max_new_tokens, do_sample=False, **shape)
+        out = infer.generate(
+            model, x, max_new_tokens=o.max_new_tokens, do_sample=False, adaptive=False, **shape
+        )
         new.append(out.sequences[0, len(row) :].tolist())
         lengths += out.stats.accepted_lengths
     return {"tau": sum(lengths) / max(len(lengths), 1), "outputs": new}

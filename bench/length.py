@@ -92,7 +92,11 @@ def _ways(target, spec):
         return target.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
 
     def speculative(prompt, n, streamer):
-        return infer.generate(spec, prompt, max_new_tokens=n, do_sample=False, streamer=streamer).sequences
+        # the fixed tree (adaptive=False): per-step cost against length, one tree throughout
+        out = infer.generate(
+            spec, prompt, max_new_tokens=n, do_sample=False, streamer=streamer, adaptive=False
+        )
+        return out.sequences
 
     return {"target.generate": plain, "infer.generate": speculative}
 

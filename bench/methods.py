@@ -22,7 +22,8 @@ SAMPLE_TEMPERATURE = 0.7
 
 @dataclass
 class Run:
-    """One method on one prompt. ``sequences`` [1, T + new]; ``steps``: tokens per decode forward."""
+    """One method on one prompt. ``sequences`` [1, T + new]; ``steps``: tokens per decode forward;
+    ``tree_sizes``: tokens verified per step, root included (heads only: the adapted tree's sizes)."""
 
     sequences: torch.Tensor
     new_tokens: int
@@ -32,6 +33,7 @@ class Run:
     draft_s: float | None = None
     verify_s: float | None = None
     total_s: float | None = None
+    tree_sizes: list[int] | None = None
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Method:
     kind: str
     heads: str | None = None
     head_type: str | None = None
-    tree_size: int | None = None  # tokens verified per step, root included
+    tree_size: int | None = None  # tokens verified per step of the fixed tree, root included
     tree_desc: str | None = None
     options: dict = field(default_factory=dict)
     model: infer.SpecModel | None = None
@@ -73,6 +75,7 @@ class Method:
                 getattr(st, "draft_time_s", None),
                 getattr(st, "verify_time_s", None),
                 getattr(st, "total_time_s", None),
+                list(st.tree_sizes),
             )
         if self.kind == "prompt_lookup":  # in the config: transformers deprecates config + kwargs
             gc = copy.deepcopy(gc)

@@ -33,6 +33,15 @@ def _tau_diff(c: dict) -> str:
     return f"{c['tau_a'] - c['tau_b']:+.2f}" + (f" [{ci[0]:+.2f} to {ci[1]:+.2f}]" if ci else "")
 
 
+def _tree(r: dict) -> str:
+    """The method's tree (the largest: infer.generate adapts it by default) and the tokens verified per
+    step, mean over steps, with the steps that verified the root alone."""
+    used = r.get("tree_sizes_used")
+    if not used:
+        return r["tree"] or "-"
+    return f"{r['tree']}; {used['mean']:.1f} verified/step, {used['steps_without_drafts']} undrafted"
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# selfspec benchmark ({report['date']})",
@@ -47,7 +56,9 @@ def markdown(report: dict) -> str:
         f"τ: {TAU_DEFINITION}. Speedup: {SPEEDUP_DEFINITION}. Efficiency = speedup (total) / τ. "
         f"Peak memory: {report['peak_memory_kind']}. Time split: draft / verify / bookkeeping seconds "
         "summed over prompts (n/a: not reported by this infer.generate). [a-b]: 95% bootstrap interval "
-        "over prompts (paired with target.generate on each prompt; it does not cover run-to-run drift).",
+        "over prompts (paired with target.generate on each prompt; it does not cover run-to-run drift). "
+        "Tree: the heads' tree; infer.generate adapts it per step by default (its tokens verified per step, "
+        "mean, and steps without drafts).",
         "",
         "| prompts | mode | method | tree | τ (p10/p50/p90) | tok/s median (min-max) | speedup total | "
         "speedup median | efficiency | draft/verify/other s | peak MiB | identical |",
@@ -68,7 +79,7 @@ def markdown(report: dict) -> str:
         if r["near_tie_flips"]:
             ident += f" ({r['near_tie_flips']} near-tie)"
         lines.append(
-            f"| {r['prompt_set']} | {r['mode']} | {r['method']} | {r['tree'] or '-'} | {tau} | "
+            f"| {r['prompt_set']} | {r['mode']} | {r['method']} | {_tree(r)} | {tau} | "
             f"{t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {r['speedup']['total']:.2f}x{_ci(r['speedup'])} | "
             f"{r['speedup']['median']:.2f}x | {fmt(r['efficiency'])} | {split_s} | "
             f"{r['peak_memory_mib']:.0f} | {ident} |"

@@ -101,6 +101,8 @@ def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
     total_speedup = total_rate(runs) / total_rate(base)
     per_prompt = [a / b for a, b in zip(tps, base_tps, strict=True)]
     tau = sum(steps) / len(steps) if have_steps else None
+    # infer.generate adapts the tree by default: the sizes it verified, next to the fixed tree's size
+    sizes = [n for r in runs for n in (r.tree_sizes or [])]
     split = None
     if all(r.total_s is not None and r.draft_s is not None and r.verify_s is not None for r in runs):
         d, v, t = (sum(getattr(r, k) for r in runs) for k in ("draft_s", "verify_s", "total_s"))
@@ -112,6 +114,13 @@ def summarise(method: Method, runs: list[Run], base: list[Run]) -> dict:
         "head_type": method.head_type,
         "tree_size": method.tree_size,
         "tree": method.tree_desc,
+        "tree_sizes_used": {
+            "mean": sum(sizes) / len(sizes),
+            "histogram": {str(k): v for k, v in sorted(Counter(sizes).items())},
+            "steps_without_drafts": sum(n == 1 for n in sizes),
+        }
+        if sizes
+        else None,
         "n_prompts": len(runs),
         "new_tokens": sum(r.new_tokens for r in runs),
         "seconds": sum(r.seconds for r in runs),

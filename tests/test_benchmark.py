@@ -148,8 +148,14 @@ def test_outputs_schema(setup, tmp_path):
             split = r["time_split_s"]
             assert set(split) == {"draft", "verify", "bookkeeping", "total"}
             assert 0 < split["draft"] < split["total"] and 0 < split["verify"] < split["total"]
+            # the tree adapted by default: one size per verify step, none above the method's tree
+            used = r["tree_sizes_used"]
+            assert sum(used["histogram"].values()) == sum(r["tau_histogram"].values())
+            assert all(1 <= int(k) <= r["tree_size"] for k in used["histogram"])
+            assert used["steps_without_drafts"] == used["histogram"].get("1", 0)
+            assert 1 <= used["mean"] <= r["tree_size"]
         else:
-            assert r["time_split_s"] is None
+            assert r["time_split_s"] is None and r["tree_sizes_used"] is None
         assert len(r["per_prompt"]) == 2
         if r["kind"] == "plain":
             assert r["tau"] == 1.0 and r["speedup"]["total"] == 1.0 and r["identical"] is None
@@ -168,6 +174,7 @@ def test_outputs_schema(setup, tmp_path):
         assert lo <= c["tau_a"] - 1.0 <= hi
     md = (tmp_path / "results.md").read_text()
     assert md.count("\n| toy |") == len(rows) + len(comps) and "Verify cost" in md
+    assert md.count("verified/step") == sum(r["kind"] == "heads" for r in rows)
     assert "Paired comparisons" in md and "| τ A - τ B |" in md
 
 

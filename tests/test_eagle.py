@@ -642,10 +642,10 @@ def check_exact_sampling(model, m, ids: torch.Tensor, samples: int = 300) -> Non
       enumeration from its warped softmax: Pearson chi-square over ``samples`` draws (the 9 cells)."""
     from test_distribution import ALPHA, chi2_pvalue, warp_probs
 
+    # the fixed tree (adaptive=False) throughout: the drafts must be proposed for acceptance to be checked
+    fixed = {"eos_token_id": [], "adaptive": False}
     g = torch.Generator().manual_seed(0)
-    out = infer.generate(
-        model, ids, max_new_tokens=30, do_sample=True, top_k=1, generator=g, eos_token_id=[], adaptive=False
-    )
+    out = infer.generate(model, ids, max_new_tokens=30, do_sample=True, top_k=1, generator=g, **fixed)
     assert torch.equal(out.sequences, m.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=None))
     assert max(out.stats.accepted_lengths) >= 3, out.stats.accepted_lengths
     warp = {"temperature": 0.7, "top_k": 3}
@@ -663,9 +663,7 @@ def check_exact_sampling(model, m, ids: torch.Tensor, samples: int = 300) -> Non
     accepted = 0
     for _ in range(samples):
         # 3 new tokens, so the first tree step may draft (the last token is never drafted); 2 are kept
-        out = infer.generate(
-            model, ids, max_new_tokens=3, do_sample=True, generator=g, eos_token_id=[], **warp
-        )
+        out = infer.generate(model, ids, max_new_tokens=3, do_sample=True, generator=g, **fixed, **warp)
         key = tuple(out.sequences[0, ids.shape[1] : ids.shape[1] + 2].tolist())
         counts[key] += 1
         accepted += out.stats.accepted_lengths[0] > 1

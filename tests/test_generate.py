@@ -275,7 +275,8 @@ def test_eos_inside_accepted_run(arch):
     m = spec(key, "trained_own")
     found = 0
     for i, n in enumerate(GEN_LENS):
-        full = infer.generate(m, prompt(i), max_new_tokens=n)
+        # the fixed tree in both runs compared step by step (adaptation decides from measured timings)
+        full = infer.generate(m, prompt(i), max_new_tokens=n, adaptive=False)
         toks = new_tokens(full, i)
         for j, (offset, step_len) in enumerate(_step_positions(full.stats, len(toks))):
             if offset < step_len - 1 and toks.index(toks[j]) == j and j > 0:
@@ -289,7 +290,7 @@ def test_eos_inside_accepted_run(arch):
             out = infer.generate(m, prompt(i), max_new_tokens=n, eos_token_id=eos, tree=tree)
             assert out.sequences.tolist() == ref.tolist()
             check_stats(out, i)
-        out = infer.generate(m, prompt(i), max_new_tokens=n, eos_token_id=eos)
+        out = infer.generate(m, prompt(i), max_new_tokens=n, eos_token_id=eos, adaptive=False)
         offset = _step_positions(full.stats, len(toks))[j][0]
         assert out.stats.accepted_lengths[-1] > offset + 1  # the last step was cut after the EOS
         found += 1
@@ -354,7 +355,7 @@ def test_exact_max_new_tokens(arch):
         if L > 1:
             assert sum(out.stats.accepted_lengths) >= L - 1
     # 2 tokens left after the prefill: chain(4) is cut to depth 1, one step emits exactly those 2
-    out = infer.generate(m, prompt(0), max_new_tokens=3, tree=chain(4))
+    out = infer.generate(m, prompt(0), max_new_tokens=3, tree=chain(4), adaptive=False)
     assert out.stats.accepted_lengths == [2]
     assert infer.generate(m, prompt(0), max_new_tokens=0).sequences.tolist() == prompt(0).tolist()
 

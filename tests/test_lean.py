@@ -78,7 +78,7 @@ def test_medusa_on_opt_is_lossless_with_drafts_accepted(attn):
     longest = 0
     for seed in (0, 1):
         ids = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(seed))
-        out = infer.generate(model, ids, max_new_tokens=24)
+        out = infer.generate(model, ids, max_new_tokens=24, adaptive=False)  # the fixed tree's accepts
         assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
         longest = max(longest, *out.stats.accepted_lengths)
     assert longest >= 2

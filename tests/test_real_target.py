@@ -116,11 +116,12 @@ def test_cached_checkpoint_and_hash_are_reused(real_dir, monkeypatch):
 
 
 def _identical(target, heads, prompts, references) -> list[float]:
-    """Greedy `infer.generate` == ``target.generate`` on every prompt; returns τ per prompt."""
+    """Greedy `infer.generate` with the heads' fixed tree (``adaptive=False``: adaptation decides from
+    measured timings) == ``target.generate`` on every prompt; returns τ per prompt."""
     spec = infer.SpecModel(target, heads)
     taus = []
     for p, ref in zip(prompts, references, strict=True):
-        out = infer.generate(spec, p, max_new_tokens=NEW, do_sample=False)
+        out = infer.generate(spec, p, max_new_tokens=NEW, do_sample=False, adaptive=False)
         assert out.sequences.tolist() == ref.tolist()
         taus.append(out.stats.mean_accepted_length)
     return taus
