@@ -200,3 +200,45 @@ def _worker_threads():
     yield
     if "PYTEST_XDIST_WORKER" in os.environ and torch.get_num_threads() > WORKER_THREADS:
         torch.set_num_threads(WORKER_THREADS)
+
+
+def tiny_demo_llama(texts: list[str], context: int, specials: list[str] | None = None, chat_template=None):
+    """A 2-layer random Llama (hidden 32, 4 heads, 2 KV heads, seed 0) over the demo tokenizer recipe
+    trained on ``texts``: ``context`` is both the tokenizer's ``max_length`` and the model's
+    ``max_position_embeddings``; ``specials`` are added as special tokens before the vocabulary is sized.
+    Returns (model in eval mode without gradients, tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import demo
+
+    tok = demo.train_tokenizer(texts, vocab_size=300, max_length=context)
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": specials})
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=context, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).eval().requires_grad_(False), tok
+
+
+def reference_greedy(m, ids, n):
+    """The target's own greedy continuation: ids [1, T] -> [1, T + n]."""
+    return m.generate(ids, max_new_tokens=n, do_sample=False)
+
+
+def check_greedy_identity(
+    m, head, n: int = 24, seed: int = 7, high: int = 96, tree: dict | None = None
+) -> None:
+    """Speculative greedy decoding with ``head`` on target ``m`` equals ``m.generate``: ``n`` new tokens
+    after a 6-token prompt (ids in [3, ``high``), generator seed ``seed``), on ``tree`` (keyword arguments
+    of ``infer.generate``; default a fixed tree: depth 4, top-4, 16 nodes, no adaptation)."""
+    import infer
+
+    tree = dict(depth=4, draft_top_k=4, total_tokens=16, adaptive=False) if tree is None else tree
+    ids = torch.randint(3, high, (1, 6), generator=torch.Generator().manual_seed(seed))
+    out = infer.generate(infer.SpecModel(m, head), ids, max_new_tokens=n, do_sample=False, **tree)
+    assert torch.equal(out.sequences, reference_greedy(m, ids, n))

@@ -16,10 +16,9 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import check_greedy_identity, tiny_model
 from safetensors.torch import load_file, save_file
 
-import infer
 from heads import Eagle3Head, EagleHead, MedusaHeads, build_vocab_map, load_heads, run_target, save_heads
 from heads.convert import export_heads
 
@@ -261,7 +260,9 @@ def test_reduced_vocab_eagle_export_is_refused(tmp_path, engine, why):
     """EAGLE-1 heads with a draft vocabulary: one line naming why the engine's EAGLE-1 format cannot carry
     it, and nothing written."""
     head = randomise(EagleHead.for_target(target(), bias=False, draft_vocab_size=VD), 2)
-    head.set_vocab_map(*build_vocab_map(torch.randint(0, 50, (V,), generator=torch.Generator().manual_seed(4)), VD))
+    head.set_vocab_map(
+        *build_vocab_map(torch.randint(0, 50, (V,), generator=torch.Generator().manual_seed(4)), VD)
+    )
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=why) as e:
         export_heads(head, str(out), engine)
@@ -447,18 +448,9 @@ def test_import_eagle3_midlayer_checkpoint_and_generate(tmp_path):
     head = load_heads(str(tmp_path), target())
     assert head.aux_layer_ids == (1, 2, 3)  # SGLang id j = output of layer j = hidden_states[j + 1]
     assert same(eagle3_logits(head, IDS), eagle3_logits(ref, IDS))
-    m = target()
-    ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(10))
-    out = infer.generate(
-        infer.SpecModel(m, head),
-        ids,
-        max_new_tokens=16,
-        do_sample=False,
-        depth=3,
-        draft_top_k=3,
-        total_tokens=10,
+    check_greedy_identity(
+        target(), head, n=16, seed=10, high=V, tree=dict(depth=3, draft_top_k=3, total_tokens=10)
     )
-    assert torch.equal(out.sequences, m.generate(ids, max_new_tokens=16, do_sample=False))
 
 
 def test_import_eagle3_norm_before_residual_refused(tmp_path):
@@ -508,7 +500,11 @@ def test_target_layers_without_an_engine_class_are_refused(tmp_path):
 def test_aux_id_zero_exports_as_sglang_minus_one(tmp_path):
     head = eagle3((0, 1, 2))
     export_heads(head, str(tmp_path / "sg"), "sglang")  # SGLang captures the input of layer id+1
-    assert read_json(tmp_path / "sg" / "config.json")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 1]
+    assert read_json(tmp_path / "sg" / "config.json")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        -1,
+        0,
+        1,
+    ]
     assert load_heads(str(tmp_path / "sg"), target()).aux_layer_ids == (0, 1, 2)
     export_heads(head, str(tmp_path / "v"), "speculators")  # vLLM takes it as is
     assert read_json(tmp_path / "v" / "config.json")["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
@@ -664,7 +660,9 @@ def test_llama_layer_export_describes_the_trained_layer(tmp_path, arch):
         cfg = read_json(tmp_path / to / "config.json")
         cfg = cfg[key] if key else cfg
         sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
-        assert {k: cfg[k] for k in (*sizes, "rms_norm_eps")} == {k: layer[k] for k in (*sizes, "rms_norm_eps")}
+        assert {k: cfg[k] for k in (*sizes, "rms_norm_eps")} == {
+            k: layer[k] for k in (*sizes, "rms_norm_eps")
+        }
         assert cfg["model_type"] == "llama" and cfg["rope_theta"] == layer["rope_parameters"]["rope_theta"]
 
 
@@ -691,7 +689,9 @@ def test_gemma_eagle_export_folds_the_embedding_scale(tmp_path, engine):
         raw = torch.cat([emb.weight[ids], f], -1)  # what the engines' draft looks up
         theirs = raw @ fc.T
         assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5)
-        assert not torch.allclose(head.fc(raw), ours, rtol=1e-2, atol=1e-2)  # unfolded, it is another function
+        assert not torch.allclose(
+            head.fc(raw), ours, rtol=1e-2, atol=1e-2
+        )  # unfolded, it is another function
 
 
 def test_gemma_eagle_without_recorded_scale(tmp_path):
@@ -762,8 +762,18 @@ def test_export_cli_measures_the_gemma_scale_of_old_heads(tmp_path, capsys):
     save_heads(head, str(tmp_path / "heads"))
     with pytest.raises(SystemExit, match="embedding scale"):
         cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "x")])
-    cli.main(["--heads", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "out"),
-              "--target", str(tmp_path / "target")])
+    cli.main(
+        [
+            "--heads",
+            str(tmp_path / "heads"),
+            "--to",
+            "vllm",
+            "--out",
+            str(tmp_path / "out"),
+            "--target",
+            str(tmp_path / "target"),
+        ]
+    )
     assert "embedding scale" in capsys.readouterr().out
     fc = [load_file(str(tmp_path / d / "model.safetensors"))["fc.weight"] for d in ("recorded", "out")]
     assert torch.equal(*fc)

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import check_greedy_identity, reference_greedy, tiny_model
 from torch import nn
 
 import infer
@@ -577,26 +577,9 @@ def test_dynamic_tree_limits():
 # ---------------------------------------------------------------------------------------------- generate
 
 
-def reference_greedy(m, ids, n):
-    return m.generate(ids, max_new_tokens=n, do_sample=False)
-
-
 @pytest.mark.parametrize("arch", EAGLE_ARCHS)
 def test_greedy_identity_random_heads(arch):
-    m = target(arch)
-    model = infer.SpecModel(m, fresh_head(arch))
-    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(7))
-    out = infer.generate(
-        model,
-        ids,
-        max_new_tokens=24,
-        do_sample=False,
-        depth=4,
-        draft_top_k=4,
-        total_tokens=16,
-        adaptive=False,
-    )
-    assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
+    check_greedy_identity(target(arch), fresh_head(arch))
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import check_greedy_identity, reference_greedy, tiny_model
 
 import infer
 from heads import (
@@ -619,10 +619,6 @@ def test_dynamic_tree_matches_reference(arch):
 # ---------------------------------------------------------------------------------------------- generate
 
 
-def reference_greedy(m, ids, n):
-    return m.generate(ids, max_new_tokens=n, do_sample=False)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_identity_random_heads(arch):
     m = target(arch)
@@ -630,18 +626,7 @@ def test_greedy_identity_random_heads(arch):
     head.set_vocab_map(
         *build_vocab_map(torch.randint(0, 9, (V,), generator=torch.Generator().manual_seed(1)), VD)
     )
-    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(7))
-    out = infer.generate(
-        infer.SpecModel(m, head),
-        ids,
-        max_new_tokens=24,
-        do_sample=False,
-        depth=4,
-        draft_top_k=4,
-        total_tokens=16,
-        adaptive=False,
-    )
-    assert torch.equal(out.sequences, reference_greedy(m, ids, 24))
+    check_greedy_identity(m, head)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "mistral"])

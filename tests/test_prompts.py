@@ -14,9 +14,8 @@ import os
 
 import datasets
 import pytest
-import torch
+from conftest import tiny_demo_llama
 
-import demo
 from train.code_prompts import EXCLUDED_PACKAGES, code_prompts, function_heads, source_files, source_roots
 from train.magpie import (
     SAMPLES_SUFFIX,
@@ -66,18 +65,7 @@ def _isolated(tmp_path, monkeypatch, one_thread):
 
 def tiny_chatml_target():
     """A 2-layer random Llama and the demo tokenizer recipe with a ChatML template (see the module docstring)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = demo.train_tokenizer(CODE * 8, vocab_size=300, max_length=256)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = CHATML
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    return LlamaForCausalLM(cfg).eval().requires_grad_(False), tok
+    return tiny_demo_llama(CODE * 8, 256, specials=["<|im_start|>", "<|im_end|>"], chat_template=CHATML)
 
 
 @pytest.fixture(scope="module")

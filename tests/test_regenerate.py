@@ -15,6 +15,7 @@ import os
 import datasets
 import pytest
 import torch
+from conftest import tiny_demo_llama
 
 import demo
 from train.data import DataConfig, DataError, build_datasets
@@ -56,17 +57,9 @@ def _isolated(tmp_path, monkeypatch, one_thread):
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> str:
     """A 2-layer random Llama (hidden 32, context 96) + the demo tokenizer recipe, saved as a model dir."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = demo.train_tokenizer(CODE * 8, vocab_size=300, max_length=96)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=96, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+    model, tok = tiny_demo_llama(CODE * 8, 96)
     path = str(tmp_path_factory.mktemp("regen-target"))
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
 

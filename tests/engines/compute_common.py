@@ -111,6 +111,19 @@ def split_qkv(rec: Recorder, qkv: Tensor, q_size: int, kv_size: int, prefix: str
     rec.put(prefix + "v", v)
 
 
+def watch_draft_layer(rec: Recorder, layer: nn.Module) -> None:
+    """Hooks on the draft decoder layer's parts, by the names both engines give them (``qkv_proj`` with
+    ``q_size`` / ``kv_size``, ``o_proj``, ``post_attention_layernorm``, ``mlp``): the fused q|k|v output is
+    recorded split as ``draft.q`` / ``draft.k`` / ``draft.v`` and whole as ``draft.qkv``."""
+    attn = layer.self_attn
+    rec.watch(
+        attn.qkv_proj, "draft.qkv", lambda o: split_qkv(rec, first(o), attn.q_size, attn.kv_size) or first(o)
+    )
+    rec.watch(attn.o_proj, "draft.o_proj", first)
+    rec.watch(layer.post_attention_layernorm, "draft.post_attention_layernorm", first)
+    rec.watch(layer.mlp, "draft.mlp", first)
+
+
 def tensors_to_json(got: dict[str, Tensor]) -> dict[str, Any]:
     """Non-finite entries (the -inf of logits outside the draft vocabulary) as strings JSON can carry."""
     out = {}

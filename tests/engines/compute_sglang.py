@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sglang_check  # noqa: E402
 import torch  # noqa: E402
 from check_common import fill_nan  # noqa: E402
-from compute_common import Recorder, first, main, replace_attention, split_qkv, tensors_to_json  # noqa: E402
+from compute_common import Recorder, first, main, replace_attention, tensors_to_json, watch_draft_layer  # noqa: E402
 
 
 def _load(case: dict):
@@ -115,16 +115,6 @@ def _logits(draft, h, rec: Recorder, V: int) -> None:
     rec.put("logits", z)
 
 
-def _watch_layer(rec: Recorder, layer) -> None:
-    attn = layer.self_attn
-    rec.watch(
-        attn.qkv_proj, "draft.qkv", lambda o: split_qkv(rec, first(o), attn.q_size, attn.kv_size) or first(o)
-    )
-    rec.watch(attn.o_proj, "draft.o_proj", first)
-    rec.watch(layer.post_attention_layernorm, "draft.post_attention_layernorm", first)
-    rec.watch(layer.mlp, "draft.mlp", first)
-
-
 def run(case: dict) -> dict:
     target, draft = _load(case)
     rec = Recorder()
@@ -136,7 +126,7 @@ def run(case: dict) -> dict:
         if case["method"] == "eagle":
             rec.watch(inner.embed_tokens, "embed")
             rec.watch(inner.fc, "fc", first)
-            _watch_layer(rec, layer)
+            watch_draft_layer(rec, layer)
             ids = torch.tensor(case["ids"])
             out = inner(ids, torch.arange(len(ids)), _batch(torch.tensor(case["features"])))
             out = first(out)
@@ -152,7 +142,7 @@ def run(case: dict) -> dict:
             rec.watch(inner.fc, "fused", first)
             rec.watch(layer.input_layernorm, "input_norm", first)
             rec.watch(layer.hidden_norm, "hidden_norm", first)
-            _watch_layer(rec, layer)
+            watch_draft_layer(rec, layer)
             rec.watch(inner.norm, "norm", first)
             ids = torch.tensor(case["ids"])
             h, feed = inner(ids, torch.arange(len(ids)), _batch(aux))

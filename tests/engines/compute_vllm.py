@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import vllm_check  # noqa: E402  (its torch.accelerator fix-up and loading helpers)
 from check_common import fill_nan  # noqa: E402
-from compute_common import Recorder, first, main, replace_attention, split_qkv, tensors_to_json  # noqa: E402
+from compute_common import Recorder, first, main, replace_attention, tensors_to_json, watch_draft_layer  # noqa: E402
 
 
 def _load(case: dict):
@@ -79,16 +79,6 @@ def _prepare(model, rec: Recorder, record) -> None:
     )
 
 
-def _watch_layer(rec: Recorder, layer) -> None:
-    attn = layer.self_attn
-    rec.watch(
-        attn.qkv_proj, "draft.qkv", lambda o: split_qkv(rec, first(o), attn.q_size, attn.kv_size) or first(o)
-    )
-    rec.watch(attn.o_proj, "draft.o_proj", first)
-    rec.watch(layer.post_attention_layernorm, "draft.post_attention_layernorm", first)
-    rec.watch(layer.mlp, "draft.mlp", first)
-
-
 def _medusa(vc, draft, case: dict, rec: Recorder) -> None:
     hidden = torch.tensor(case["hidden"])
     blocks = draft(hidden)
@@ -103,7 +93,7 @@ def _eagle(vc, target, draft, case: dict, rec: Recorder) -> None:
     inner = draft.model
     rec.watch(inner.embed_tokens, "embed")
     rec.watch(inner.fc, "fc", first)
-    _watch_layer(rec, inner.layers[0])
+    watch_draft_layer(rec, inner.layers[0])
     out, _ = draft(ids, pos, torch.tensor(case["features"]))
     rec.put("out", out)
     rec.put("logits", draft.compute_logits(out))
@@ -135,7 +125,7 @@ def _eagle3(vc, target, draft, case: dict, rec: Recorder) -> None:
     rec.watch(inner.embed_tokens, "embed")
     rec.watch(layer.input_layernorm, "input_norm", first)
     rec.watch(layer.hidden_norm, "hidden_norm", first)
-    _watch_layer(rec, layer)
+    watch_draft_layer(rec, layer)
     rec.watch(inner.norm, "norm", first)
     ids = torch.tensor(case["ids"])
     h, feed = draft(ids, torch.arange(len(ids)), fused)
