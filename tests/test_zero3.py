@@ -70,11 +70,9 @@ def launch(stage: int, script: str, overrides: list[str], port: int) -> subproce
 def run_overrides(target: str, data: str, out: str, head_type: str) -> list[str]:
     extra = {"train.max_steps": 4, "train.save_every": 2, "train.log_every": 1, "train.eval_every": 0}
     if head_type == "eagle3":
-        extra |= {"heads.type": "eagle3", "heads.options.draft_vocab_size": 64, "heads.options.ttt_steps": 2,
+        extra |= {"heads.type": "eagle3", "heads.eagle3.draft_vocab_size": 64, "heads.eagle3.ttt_steps": 2,
                   "train.lr": 1e-2}  # fmt: skip
-    args = _overrides(target, data, out, **extra)
-    # heads.num_heads is Medusa's; EAGLE heads reject a non-default value
-    return args if head_type == "medusa" else [a for a in args if not a.startswith("heads.num_heads=")]
+    return _overrides(target, data, out, **extra)  # keeps only the block of the run's head type
 
 
 @pytest.mark.parametrize(
