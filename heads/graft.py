@@ -36,11 +36,14 @@ class TargetOutput:
     logits: [B, T, V] target logits.
     hidden: [B, T, H] last post-norm hidden state (Medusa and EAGLE-1/2 read this).
     aux: tuple of [B, T, H], ``hidden_states[i]`` for each requested layer id (EAGLE-3 reads these).
+    top: [B, T] the argmax of the full [B, T, V] logits, set only when ``logits`` holds a subset of the
+        vocabulary's columns (offline features stored for a draft vocabulary, `train.features`).
     """
 
     logits: Tensor
     hidden: Tensor
     aux: tuple[Tensor, ...] = ()
+    top: Tensor | None = None
 
 
 def looks_local(name_or_path: str) -> bool:

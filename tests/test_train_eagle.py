@@ -184,7 +184,25 @@ def test_offline_features_give_the_online_loss(head_type, tiny_target, tiny_data
         loss_off, m_off = train_heads.batch_loss(run, off_batch)
     torch.testing.assert_close(loss_off, loss_on, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m_off["top1"], m_on["top1"])
+    if head_type == "eagle3":  # only the draft vocabulary's logit columns are kept, plus the full argmax
+        assert off_batch["logits"].shape[-1] == 64 and off_batch["top"].shape == off_batch["input_ids"].shape
+        full = train_heads.target_forward(run, on_batch).logits
+        real = on_batch["attention_mask"].bool()
+        assert torch.equal(off_batch["top"][real], full.argmax(-1)[real])
+        cols = run.heads.t2d.nonzero().view(-1)
+        torch.testing.assert_close(off_batch["logits"][real], full[real][:, cols].to(off_batch["logits"].dtype))
+        assert offline.meta["logit_columns"] == run.heads.t2d.nonzero().view(-1).tolist()
     reset_accelerate()
 
     ev = train_heads.train(cfg, features=feats)
     assert ev is not None and ev["count"][0] > 0
+    if head_type == "eagle3":  # features kept for another draft vocabulary are refused before training
+        reset_accelerate()
+        meta_path = os.path.join(feats, "meta.json")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        meta["logit_columns"] = sorted(set(range(run.heads.t2d.numel())) - set(meta["logit_columns"]))[:64]
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+        with pytest.raises(ValueError, match="another draft vocabulary"):
+            train_heads.setup(cfg, features=feats)

@@ -42,7 +42,9 @@ def target_forward(run: Run, batch: dict[str, Tensor]) -> TargetOutput:
     A batch of offline features (`train.features.collate_features`) already carries them."""
     if "hidden" in batch or "aux" in batch:
         aux = tuple(batch["aux"].chunk(3, dim=-1)) if "aux" in batch else ()
-        return TargetOutput(logits=batch.get("logits"), hidden=batch.get("hidden"), aux=aux)
+        return TargetOutput(
+            logits=batch.get("logits"), hidden=batch.get("hidden"), aux=aux, top=batch.get("top")
+        )
 
     kwargs: dict[str, Any] = {"use_cache": False}
     kwargs |= registry.get(run.head_config.head_type).objective.target_kwargs(run.head_config)

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, get_cosine_schedule_with_war
 
 from heads import registry
 from heads.base import ADAPTER_DIR
-from heads.eagle3 import build_vocab_map, count_tokens
+from heads.eagle3 import build_vocab_map
 from heads.graft import load_target, looks_local, num_layers
 from heads.hub import resolve_token
 from infer.prompts import load_prompts
@@ -70,10 +70,7 @@ def install_vocab_map(heads: nn.Module, train_ds, print_fn=print) -> None:
     """Heads with their own draft vocabulary (a ``set_vocab_map`` method and a ``draft_vocab_size``, as
     EAGLE-3's): the draft vocab = the ``draft_vocab_size`` most frequent training labels (loss_mask == 1)."""
     V = heads.config.vocab_size
-    counts = torch.zeros(V, dtype=torch.long)
-    for i in range(len(train_ds)):
-        row = train_ds[i]
-        counts += count_tokens(torch.as_tensor(row["input_ids"]), torch.as_tensor(row["loss_mask"]), V)
+    counts = train_data.label_counts(train_ds, V)
     d2t, t2d = build_vocab_map(counts, heads.config.draft_vocab_size)
     heads.set_vocab_map(d2t.to(heads.d2t.device), t2d.to(heads.t2d.device))
     covered = counts[t2d].sum().item() / max(counts.sum().item(), 1)
@@ -99,6 +96,19 @@ def build_heads(cfg: RunConfig, target: nn.Module, token_ds, accelerator, plugin
         if plugin is None:
             accelerator.register_save_state_pre_hook(drop_frozen_weights)
     return heads
+
+
+def check_feature_vocab(feature_ds: FeatureShards, heads: nn.Module, directory: str) -> None:
+    """Offline logits kept for a draft vocabulary (``logit_columns``) must be the columns these heads read."""
+    kept = feature_ds.meta.get("logit_columns")
+    if kept is None:
+        return
+    t2d = getattr(heads, "t2d", None)
+    if t2d is None or t2d.nonzero().view(-1).tolist() != kept:
+        raise ValueError(
+            f"{directory} keeps the target's logits for another draft vocabulary than these heads' "
+            "(data or heads settings differ): dump the features again with this config"
+        )
 
 
 def make_dataloaders(cfg: RunConfig, train_ds, eval_ds, pad_id: int, features: bool):
@@ -220,6 +230,8 @@ def setup(cfg: RunConfig, features: str | None = None, accelerator=None) -> Run:
     with outside_zero3_init(plugin):
         target = _load_frozen_target(cfg, tokenizer, accelerator)
         heads = build_heads(cfg, target, token_ds, accelerator, plugin)
+    if feature_ds is not None:
+        check_feature_vocab(feature_ds, heads, features)
     if cfg.joint.enabled:
         target = heads.backbone
     trainable = [p for p in heads.parameters() if p.requires_grad]

@@ -25,7 +25,8 @@ def eagle3_train_forward(
     target_out: `heads.graft.run_target(..., aux_layers=head.aux_layer_ids)` output; ``.aux`` is read.
     input_ids, attention_mask, loss_mask: [B, T] as ``train.data`` makes them.
     target_logits: [B, T, V] the target's (soft-capped) logits at every position (so the target must
-        run with all logits kept); None = ``target_out.logits``.
+        run with all logits kept); None = ``target_out.logits``, which offline features may store for the
+        draft vocabulary only, [B, T, Vd] with the full-vocab argmax in ``target_out.top``.
     embed: the target's ``get_input_embeddings()``.
 
     Pairs k = 0..T-2 are (x_{k+1}, a_k + U(-noise, noise)); the unroll has ``ttt_steps`` steps (the
@@ -54,9 +55,10 @@ def eagle3_train_forward(
         pair_mask = am[:, :-1] & am[:, 1:]
     scored = ttt_scored(loss_mask, attention_mask, K)
     z = head(tokens, aux, embed, attention_mask=pair_mask, ttt_steps=K, rows=scored)  # [M, Vd]
+    top = None
     if target_logits is None:
-        target_logits = target_out.logits
-    return _packed_loss(z, scored, target_logits, inner.d2t, inner.t2d, cfg.step_weight)
+        target_logits, top = target_out.logits, target_out.top
+    return _packed_loss(z, scored, target_logits, inner.d2t, inner.t2d, cfg.step_weight, top)
 
 
 def ttt_scored(loss_mask: Tensor, attention_mask: Tensor | None, steps: int) -> list[Tensor]:
@@ -77,21 +79,34 @@ def ttt_scored(loss_mask: Tensor, attention_mask: Tensor | None, steps: int) -> 
     return out
 
 
-def _target_rows(target_logits: Tensor, scored: list[Tensor], t2d: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _target_rows(
+    target_logits: Tensor, scored: list[Tensor], t2d: Tensor, top: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The target side of the packed rows: (p [R, Vd] float32, index [M] into p, argmax [M] over the full
     vocab).
 
     Row r = step j at pair (b, k) reads target position (b, 1+j+k); p = softmax(target_logits[t2d]) is
-    computed once for each of the R distinct positions, not once per step.
+    computed once for each of the R distinct positions, not once per step. ``target_logits`` is [B, T, V],
+    or [B, T, Vd] already restricted to the draft vocab (columns in token-id order) with ``top`` [B, T]
+    the argmax over the full vocab: p and the argmax only read those, so both forms give the same loss.
     """
-    B, T, V = target_logits.shape
+    B, T, W = target_logits.shape
+    cols = t2d.nonzero().view(-1)
+    if W != t2d.numel() and (top is None or W != cols.numel()):
+        raise ValueError(
+            f"target logits have {W} columns: expected the vocabulary ({t2d.numel()}) or the draft "
+            f"vocabulary ({cols.numel()}) with the full-vocab argmax"
+        )
     flat = [b * T + 1 + j + k for j, s in enumerate(scored) for b, k in [s.nonzero(as_tuple=True)]]
     flat = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.long, device=target_logits.device)
     pos, index = torch.unique(flat, return_inverse=True)
     with torch.no_grad():
-        tl = target_logits.reshape(B * T, V)
-        p = torch.softmax(tl.index_select(1, t2d.nonzero().view(-1))[pos].float(), dim=-1)  # [R, Vd]
-        return p, index, tl.argmax(-1)[pos][index]
+        rows = target_logits.reshape(B * T, W)[pos]  # [R, W]
+        if W == t2d.numel():
+            row_top, rows = rows.argmax(-1), rows.index_select(1, cols)
+        else:
+            row_top = top.reshape(B * T)[pos]
+        return torch.softmax(rows.float(), dim=-1), index, row_top[index]
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
@@ -142,14 +157,20 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
 
 def _packed_loss(
-    z: Tensor, scored: list[Tensor], target_logits: Tensor, d2t: Tensor, t2d: Tensor, step_weight: float
+    z: Tensor,
+    scored: list[Tensor],
+    target_logits: Tensor,
+    d2t: Tensor,
+    t2d: Tensor,
+    step_weight: float,
+    top: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`eagle3_loss` on packed rows: z [M, Vd] draft logits of the scored rows, steps in order, rows of
     step j in (b, k) order of ``scored[j]`` [B, n_j]. All steps share one cross-entropy pass
     (`_SoftCrossEntropy`); step j's CE mean becomes the row weight step_weight**j / M_j."""
     K = len(scored)
     counts = [int(s.sum()) for s in scored]
-    p, index, target_top = _target_rows(target_logits, scored, t2d)
+    p, index, target_top = _target_rows(target_logits, scored, t2d, top)
     n = torch.tensor(counts, device=z.device)
     weights = torch.tensor([step_weight**j / max(m, 1) for j, m in enumerate(counts)], device=z.device)
     total, ce, top = _SoftCrossEntropy.apply(z, p, index, torch.repeat_interleave(weights, n))
@@ -205,7 +226,7 @@ def eagle3_loss(
 def _objective_loss(heads: nn.Module, out: TargetOutput, batch: dict[str, Tensor], inputs: LossInputs):
     """`Objective.loss` for EAGLE-3: the TTT unroll against the target's logits at every position."""
     loss, m = eagle3_train_forward(
-        heads, out, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], out.logits, inputs.embed
+        heads, out, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], None, inputs.embed
     )
     return loss, {"loss": m["loss_step"], "top1": m["top1"], "count": m["count"]}
 
