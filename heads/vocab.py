@@ -21,6 +21,18 @@ def count_tokens(input_ids: Tensor, loss_mask: Tensor, vocab_size: int) -> Tenso
     return torch.bincount(ids.cpu(), minlength=vocab_size)[:vocab_size]
 
 
+def label_counts(ds, vocab_size: int) -> torch.Tensor:
+    """[V] int64 counts of the training labels (``loss_mask == 1``) over every row of ``ds`` (what a
+    draft vocabulary is chosen from: `build_vocab_map`)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for i in range(len(ds)):
+        row = ds[i]
+        counts += count_tokens(
+            torch.as_tensor(row["input_ids"]), torch.as_tensor(row["loss_mask"]), vocab_size
+        )
+    return counts
+
+
 def build_vocab_map(token_counts: Tensor, draft_vocab_size: int | None) -> tuple[Tensor, Tensor]:
     """(d2t [Vd] int64, t2d [V] bool) for the ``draft_vocab_size`` most frequent target tokens.
 

@@ -35,8 +35,6 @@ from typing import Any, NamedTuple
 import datasets
 import torch
 
-from heads.vocab import count_tokens
-
 # What other modules import from here: the row loaders and the chat rendering live in their own modules.
 from train.chat_mask import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
 from train.sources import (
@@ -425,18 +423,6 @@ def collate(
         attention_mask[b, :n] = 1
         loss_mask[b, :n] = torch.as_tensor(x["loss_mask"], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-
-
-def label_counts(ds, vocab_size: int) -> torch.Tensor:
-    """[V] int64 counts of the training labels (``loss_mask == 1``) over every row of ``ds`` (what a
-    draft vocabulary is chosen from: `heads.vocab.build_vocab_map`)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for i in range(len(ds)):
-        row = ds[i]
-        counts += count_tokens(
-            torch.as_tensor(row["input_ids"]), torch.as_tensor(row["loss_mask"]), vocab_size
-        )
-    return counts
 
 
 def eval_batches(data: str, tokenizer, max_examples: int, max_length: int, batch_size: int) -> list[dict]:

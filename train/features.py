@@ -40,9 +40,9 @@ from heads import registry
 from heads.eagle import target_config_dict
 from heads.graft import load_target, run_target, target_dims
 from heads.io import atomic_text, atomic_write
-from heads.vocab import build_vocab_map
+from heads.vocab import build_vocab_map, label_counts
 from train.config import RunConfig, resolve_demo
-from train.data import build_datasets, collate, label_counts
+from train.data import build_datasets, collate
 
 META = "meta.json"
 

@@ -25,6 +25,7 @@ from heads.base import ADAPTER_DIR
 from heads.eagle3 import build_vocab_map
 from heads.graft import load_target, looks_local, num_layers
 from heads.hub import resolve_token
+from heads.vocab import label_counts
 from infer.prompts import load_prompts
 from train import checkpoint as ckpt
 from train import data as train_data  # called through the module: tests replace build_datasets
@@ -70,7 +71,7 @@ def install_vocab_map(heads: nn.Module, train_ds, print_fn=print) -> None:
     """Heads with their own draft vocabulary (a ``set_vocab_map`` method and a ``draft_vocab_size``, as
     EAGLE-3's): the draft vocab = the ``draft_vocab_size`` most frequent training labels (loss_mask == 1)."""
     V = heads.config.vocab_size
-    counts = train_data.label_counts(train_ds, V)
+    counts = label_counts(train_ds, V)
     d2t, t2d = build_vocab_map(counts, heads.config.draft_vocab_size)
     heads.set_vocab_map(d2t.to(heads.d2t.device), t2d.to(heads.t2d.device))
     covered = counts[t2d].sum().item() / max(counts.sum().item(), 1)
