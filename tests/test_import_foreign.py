@@ -1,14 +1,16 @@
 """Importing checkpoints that the original trainers wrote (`heads.convert` import side).
 
 ``tests/fixtures/foreign/`` holds what FasterDecoding/Medusa's ``train_legacy.py`` (its current "version
-2" heads, and the per-head-lm_head heads of an earlier commit) and SafeAILab/EAGLE's EAGLE-1
-``eagle/train/main.py`` and EAGLE-3 ``traineagle3`` model wrote when run at tiny scale on CPU by ``make_fixtures.py`` there (upstream commits, commands and
-what it patches are at its top), the tiny target they trained on, and ``reference.safetensors``: what the
-original code computes with those files. Each is loaded through ``infer.load(target, heads=dir)`` and
-must (a) compute the original's draft logits, (b) generate greedily exactly what ``target.generate``
+2" heads, and the per-head-lm_head heads of an earlier commit), SafeAILab/EAGLE's EAGLE-1
+``eagle/train/main.py`` and EAGLE-3 ``traineagle3`` model, SpecForge's EAGLE-3 training and SGLang export,
+and vLLM speculators' ``speculators convert`` of the EAGLE-3 checkpoint wrote when run at tiny scale on CPU
+by ``make_fixtures.py`` there (upstream commits, commands and what it patches are at its top), the tiny
+target they trained on, and ``reference.safetensors``: what the original code computes with those files.
+Each is loaded through ``infer.load(target, heads=dir)`` and must (a) compute the original's draft logits, (b) generate greedily exactly what ``target.generate``
 does, with drafts accepted, and (c) for Medusa-1 heads, take the same number of steps as Medusa's own
 ``medusa_generate`` on the same prompts and tree (their inference runs on CPU; EAGLE's inference is not
-run, only its model classes' forward: the draft logits, or features for EAGLE-1, are compared). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
+run, nor SpecForge's or speculators', only their model classes' forward: the draft logits, or features
+for EAGLE-1, are compared). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
 version-less file without per-head lm_heads, refusals) are written by this file's own code, after
 reading the trainers' source.
 """
@@ -144,6 +146,59 @@ def test_eagle3_trainer_output_generates_the_target_tokens(tmp_path):
         spec = infer.load(m, heads=str(eagle3_dir(tmp_path)))
     prompts = ref["inputs"][:, :9]  # <|user|> 6 words </s> <|assistant|>
     out = assert_greedy_identical(spec, prompts, 24, depth=4, draft_top_k=4, total_tokens=16)
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
+
+
+def eagle3_step_logits(spec: infer.SpecModel, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """The imported head's TTT logits [steps, B, T, draft vocab] on rows ``ids`` [B, T]: step 0 from the
+    target's aux states at t and the embedding of token t+1, step j from step j-1's outputs and token
+    t+1+j (zero past the row's end), as the trainers' forwards compute them."""
+    m, head = spec.target, spec.heads.float()
+    with torch.no_grad():
+        aux = torch.cat(run_target(m, ids, aux_layers=head.aux_layer_ids).aux, -1)
+        tokens = torch.cat(
+            [ids[:, 1:], torch.zeros(len(ids), steps, dtype=ids.dtype)], 1
+        )  # [B, T + steps - 1]
+        return head(tokens, aux, m.get_input_embeddings(), ttt_steps=steps).float()
+
+
+def test_specforge_export_computes_their_draft():
+    """SpecForge (sgl-project) trained its LlamaForCausalLMEagle3 with its own strategy, loss and
+    BF16Optimizer, and its export_to_sglang wrote the serving directory (bf16; fc, midlayer.*, norm,
+    lm_head, d2t, t2d; no embedding; no eagle_config, so SpecForge's capture [1, L//2-1, L-4] = selfspec's
+    (2, L//2, L-3); their config has rope_parameters with base 10000, not the target's 5e5). The import
+    gives the logits of all 7 TTT steps of their OnlineEagle3Model forward, and generates exactly the
+    target's tokens with drafts accepted."""
+    m, ref = their_target(), reference("specforge")
+    with pytest.warns(UserWarning, match=r"draft was built with RoPE .*'rope_theta': 10000\.0"):
+        spec = infer.load(m, heads=str(FIX / "specforge"))
+    assert tuple(spec.heads.aux_layer_ids) == (2, 4, 5) and spec.heads.config.draft_vocab_size == 64
+    want = ref["step_logits"]  # [7, B, T, 64]
+    got = eagle3_step_logits(spec, ref["inputs"], len(want))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    out = assert_greedy_identical(spec, ref["inputs"][:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
+    assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
+
+
+def test_speculators_convert_computes_their_draft():
+    """vLLM speculators' ``speculators convert`` (0.9.0, algorithm eagle3) of the SafeAILab traineagle3
+    checkpoint above: Eagle3Speculator config (eagle_aux_hidden_state_layer_ids null, read as vLLM's
+    default (2, L//2, L-3); norm_before_residual false; rope_theta 10000 written out), layers.0.* keys,
+    fp16, no embedding, the target_model.* tensors gone. The import gives the logits of the 3 TTT steps of
+    speculators' own Eagle3DraftModel forward, the same draft as the SafeAILab reference, and generates
+    exactly the target's tokens."""
+    m, ref = their_target(), reference("speculators")
+    raw = json.loads((FIX / "speculators" / "config.json").read_text())
+    assert raw["speculators_model_type"] == "eagle3" and raw["eagle_aux_hidden_state_layer_ids"] is None
+    with pytest.warns(UserWarning, match=r"draft was built with RoPE .*'rope_theta': 10000\.0"):
+        spec = infer.load(m, heads=str(FIX / "speculators"))
+    assert tuple(spec.heads.aux_layer_ids) == (2, 4, 5) and spec.heads.config.draft_vocab_size == 64
+    want = ref["step_logits"]  # [3, B, T, 64]
+    got = eagle3_step_logits(spec, ref["inputs"], len(want))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    theirs = reference("eagle3")["step_logits"][: len(want)]  # SafeAILab's forward of the same fp16 draft
+    torch.testing.assert_close(got, theirs, rtol=0, atol=2e-2)
+    out = assert_greedy_identical(spec, ref["inputs"][:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
     assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
 
 
