@@ -21,8 +21,10 @@ def test_readme_has_exactly_two_setup_commands():
     assert len(cmds) == 2, cmds
     assert all("\n" not in c for c in cmds), "each set-up command is one line a newcomer pastes"
     demo, tests = cmds
-    for c in cmds:  # torch first, pinned: an open range pulls a CUDA build on CPU machines
-        assert c.index("pip install torch==2.13.0") < c.index("pip install -e")
+    for c in cmds:  # torch first, pinned, from the CPU index: PyPI's Linux torch is the CUDA build
+        assert c.index(
+            "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
+        ) < c.index("pip install -e")
     # issue 17: the first command trains the recommended way (self-distilled data) and shows the comparison
     assert (
         demo.index("scripts/regenerate_data.py --target demo")
