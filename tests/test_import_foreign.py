@@ -162,6 +162,18 @@ def eagle3_step_logits(spec: infer.SpecModel, ids: torch.Tensor, steps: int) -> 
         return head(tokens, aux, m.get_input_embeddings(), ttt_steps=steps).float()
 
 
+def load_rope10k_eagle3(m, ref, name: str):
+    """Import fixture ``name`` (an EAGLE-3 draft with RoPE base 10000, aux layers (2, 4, 5), 64 draft tokens)
+    and check its step logits against the reference: returns (spec, got, want)."""
+    with pytest.warns(UserWarning, match=r"draft was built with RoPE .*'rope_theta': 10000\.0"):
+        spec = infer.load(m, heads=str(FIX / name))
+    assert tuple(spec.heads.aux_layer_ids) == (2, 4, 5) and spec.heads.config.draft_vocab_size == 64
+    want = ref["step_logits"]
+    got = eagle3_step_logits(spec, ref["inputs"], len(want))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    return spec, got, want
+
+
 def test_specforge_export_computes_their_draft():
     """SpecForge (sgl-project) trained its LlamaForCausalLMEagle3 with its own strategy, loss and
     BF16Optimizer, and its export_to_sglang wrote the serving directory (bf16; fc, midlayer.*, norm,
@@ -170,12 +182,7 @@ def test_specforge_export_computes_their_draft():
     gives the logits of all 7 TTT steps of their OnlineEagle3Model forward, and generates exactly the
     target's tokens with drafts accepted."""
     m, ref = their_target(), reference("specforge")
-    with pytest.warns(UserWarning, match=r"draft was built with RoPE .*'rope_theta': 10000\.0"):
-        spec = infer.load(m, heads=str(FIX / "specforge"))
-    assert tuple(spec.heads.aux_layer_ids) == (2, 4, 5) and spec.heads.config.draft_vocab_size == 64
-    want = ref["step_logits"]  # [7, B, T, 64]
-    got = eagle3_step_logits(spec, ref["inputs"], len(want))
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    spec, got, want = load_rope10k_eagle3(m, ref, "specforge")  # [7, B, T, 64]
     out = assert_greedy_identical(spec, ref["inputs"][:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
     assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 3
 
@@ -190,12 +197,7 @@ def test_speculators_convert_computes_their_draft():
     m, ref = their_target(), reference("speculators")
     raw = json.loads((FIX / "speculators" / "config.json").read_text())
     assert raw["speculators_model_type"] == "eagle3" and raw["eagle_aux_hidden_state_layer_ids"] is None
-    with pytest.warns(UserWarning, match=r"draft was built with RoPE .*'rope_theta': 10000\.0"):
-        spec = infer.load(m, heads=str(FIX / "speculators"))
-    assert tuple(spec.heads.aux_layer_ids) == (2, 4, 5) and spec.heads.config.draft_vocab_size == 64
-    want = ref["step_logits"]  # [3, B, T, 64]
-    got = eagle3_step_logits(spec, ref["inputs"], len(want))
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    spec, got, want = load_rope10k_eagle3(m, ref, "speculators")  # [3, B, T, 64]
     theirs = reference("eagle3")["step_logits"][: len(want)]  # SafeAILab's forward of the same fp16 draft
     torch.testing.assert_close(got, theirs, rtol=0, atol=2e-2)
     out = assert_greedy_identical(spec, ref["inputs"][:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
