@@ -299,10 +299,11 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
         clock.draft(
             proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux)
         )
-        done = row.step(host, tree.num_nodes)
+        nodes = tree.num_nodes
+        done = row.step(host, nodes)
         root = acc.next_token
         if adapter is not None:  # decided from host values only: no sync
-            adapter.observe(host[0], tree.num_nodes, cap)
+            adapter.observe(host[0], nodes, cap)
             depth, proposer.width = adapter.shape()
     row.stats.prefill_s, row.stats.decode_s = t1 - t0, time.perf_counter() - t1
     row.stats.new_tokens = len(row.new)

@@ -111,6 +111,7 @@ class TreeBuffers:
     cand_index:   [N] long, index of each non-root node's token in the flattened heads' top-k
                   ``topk_tokens.view(-1)`` of shape [D*K]: (depth-1)*K + rank.
     topk:         K, the number of top-k candidates needed from each head.
+    max_depth:    D, the longest path's length (0 for the root alone).
     """
 
     paths: tuple[Path, ...]
@@ -121,10 +122,7 @@ class TreeBuffers:
     sib_before: Tensor
     cand_index: Tensor
     topk: int
-
-    @property
-    def max_depth(self) -> int:
-        return max((len(p) for p in self.paths), default=0)
+    max_depth: int
 
     def draft(self, root: Tensor, topk_tokens: Tensor) -> DraftTree:
         """root: [] long; topk_tokens: [D', K'] (D' >= max_depth, K' >= topk) -> the step's `DraftTree`."""
@@ -158,7 +156,8 @@ def _buffers(paths: tuple[Path, ...], device_str: str) -> TreeBuffers:
     ancestors, retrieve, sib_before = structure_from_parents(parents, depth)
     topk = max((p[-1] for p in paths), default=0) + 1
     cand = torch.tensor([(len(p) - 1) * topk + p[-1] for p in paths], dtype=torch.long, device=device)
-    return TreeBuffers(paths, parents, depth, ancestors, retrieve, sib_before, cand, topk)
+    D = max((len(p) for p in paths), default=0)
+    return TreeBuffers(paths, parents, depth, ancestors, retrieve, sib_before, cand, topk, D)
 
 
 def tree_buffers(
