@@ -7,19 +7,23 @@ and vLLM speculators' ``speculators convert`` of the EAGLE-3 checkpoint wrote wh
 by ``make_fixtures.py`` there (upstream commits, commands and what it patches are at its top), the tiny
 target they trained on, and ``reference.safetensors``: what the original code computes with those files.
 Each is loaded through ``infer.load(target, heads=dir)`` and must (a) compute the original's draft logits, (b) generate greedily exactly what ``target.generate``
-does, with drafts accepted, and (c) for Medusa-1 heads, take the same number of steps as Medusa's own
-``medusa_generate`` on the same prompts and tree (their inference runs on CPU; EAGLE's inference is not
-run, nor SpecForge's or speculators', only their model classes' forward: the draft logits, or features
-for EAGLE-1, are compared). Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
+does, with drafts accepted, and (c) where the original inference runs on CPU, decode as it does: for
+Medusa-1 heads the same number of steps as Medusa's own ``medusa_generate`` on the same prompts and
+tree; for SafeAILab's EAGLE-1 and EAGLE-3 drafts the same tree and the same accepted length at every
+step as their ``EaModel.eagenerate`` (EAGLE-2 dynamic trees; ``generate.safetensors``). SpecForge's and
+speculators' inference (SGLang, vLLM) is not run, only their model classes' forward: the draft logits
+are compared. Layouts no real fixture covers (``medusa_head.``-prefixed keys, a
 version-less file without per-head lm_heads, refusals) are written by this file's own code, after
 reading the trainers' source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,7 @@ from transformers import AutoModelForCausalLM
 
 import infer
 from heads import run_target
+from infer.eagle_draft import EagleProposer
 
 FIX = Path(__file__).parent / "fixtures" / "foreign"
 V, H = 96, 32  # the self-written layouts' tiny target (conftest)
@@ -227,6 +232,93 @@ def test_eagle1_trainer_output_computes_their_draft(tmp_path):
     torch.testing.assert_close(got, ref["predict"][:, :-1], rtol=1e-4, atol=1e-4)
     out = assert_greedy_identical(spec, ids[:, :9], 24, depth=4, draft_top_k=4, total_tokens=16)
     assert out.stats.new_tokens == 24 and max(out.stats.accepted_lengths) >= 2
+
+
+def their_eagenerate(name: str, variant: str) -> tuple[torch.Tensor, list[dict], tuple[int, int, int]]:
+    """SafeAILab's EaModel.eagenerate (greedy, EAGLE-2 dynamic tree) on the fixture ``name``: (prompts
+    [B, T], per prompt {their new tokens, tokens appended per tree forward, the trees they verified:
+    tokens and parent indices [S, total_token]}, their tree settings (total_token with the root, depth,
+    top_k))."""
+    g = load_file(FIX / name / "generate.safetensors")
+    runs = []
+    for b, (tokens, lengths) in enumerate(
+        zip(g[f"{variant}.tokens"], g[f"{variant}.accept_lengths"], strict=True)
+    ):
+        S = int(g[f"{variant}.steps"][b])
+        run = {"tokens": tokens[tokens >= 0], "lengths": lengths[lengths >= 0].tolist()}
+        run["trees"] = (g[f"{variant}.tree_tokens"][b, :S].long(), g[f"{variant}.tree_parents"][b, :S].long())
+        assert len(run["lengths"]) == S and sum(run["lengths"]) == len(run["tokens"])
+        runs.append(run)
+    total, depth, top_k = g["tree"].tolist()
+    return g["prompts"], runs, (total, depth, top_k)
+
+
+def eagle_as_they_ran_it(name: str, variant: str, tmp_path: Path) -> infer.SpecModel:
+    """The checkpoint imported as the function their EaModel ran: EAGLE-1 ``given`` without ``fc.bias``
+    (their EaModel reads the config's ``bias: false`` and drops it), ``with_bias`` as written (the import
+    keeps the trained bias); EAGLE-3 as written. EAGLE-2 scores tree nodes by the draft's log_softmax at
+    T = 1 (their topK_genrate), so the greedy tree scores are put at T = 1 too."""
+    d = eagle3_dir(tmp_path) if name == "eagle3" else eagle1_dir(tmp_path)
+    if variant == "given" and name == "eagle1":
+        sd = load_file(d / "model.safetensors")
+        del sd["fc.bias"]
+        save_file(sd, str(d / "model.safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the import's warnings are the other tests' business
+        spec = infer.load(their_target(), heads=str(d))
+    if name == "eagle1":
+        assert (spec.heads.fc.bias is not None) == (variant == "with_bias")
+    spec.settings = dataclasses.replace(spec.settings, greedy_score_temperature=1.0)
+    return spec
+
+
+@pytest.mark.parametrize("name, variant", [("eagle1", "given"), ("eagle1", "with_bias"), ("eagle3", "given")])
+def test_eagle_steps_match_their_eagenerate(name, variant, tmp_path, monkeypatch):
+    """SafeAILab's own inference (EaModel.eagenerate, its default EAGLE-2 tree: total_token 60, depth
+    7, top_k 10) ran greedily on the prompts of the reference rows (make_fixtures.py eagle-generate).
+    selfspec with the same tree settings (its depth is the tree's, root 0; their ``depth`` counts the
+    draft forwards after the first level, so their trees are depth + 1 deep) makes their tokens, the
+    target's own, verifies the same tree as theirs at every step (the same tokens in the same order,
+    the same parents) and accepts as many tokens: both build the EAGLE-2 tree the same way (top-k
+    children, top-k frontier by cumulative log-prob, the best total_token - 1 nodes in creation order),
+    so their τ is matched exactly, not within noise; a step could only differ where two node scores
+    tie within float error at a cut. selfspec runs ``depth + 2`` tokens longer than their output, so
+    that no step up to their last is cut short by ``max_new_tokens`` (theirs appends the root and the
+    accepted drafts, selfspec the accepted drafts and the bonus token: one token ahead)."""
+    m = their_target()
+    prompts, runs, (total, depth, top_k) = their_eagenerate(name, variant)
+    spec = eagle_as_they_ran_it(name, variant, tmp_path)
+    trees = []
+    propose = EagleProposer.propose
+
+    def recording(self, root, max_depth):
+        trees.append(propose(self, root, max_depth))
+        return trees[-1]
+
+    monkeypatch.setattr(EagleProposer, "propose", recording)
+    for prompt, run in zip(prompts, runs, strict=True):
+        trees.clear()
+        n, S = len(run["tokens"]) + depth + 2, len(run["lengths"])
+        out = infer.generate(
+            spec,
+            prompt[None],
+            max_new_tokens=n,
+            do_sample=False,
+            adaptive=False,
+            depth=depth + 1,
+            draft_top_k=top_k,
+            total_tokens=total,
+        )
+        want = m.generate(prompt[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out.sequences, want)
+        assert torch.equal(out.sequences[0, len(prompt) : len(prompt) + len(run["tokens"])], run["tokens"])
+        assert out.stats.accepted_lengths[:S] == run["lengths"]
+        their_tokens, their_parents = run["trees"]
+        for s in range(S):
+            assert torch.equal(trees[s].tokens, their_tokens[s]), f"step {s}: another tree"
+            assert torch.equal(trees[s].parents, their_parents[s]), f"step {s}: another tree shape"
+    lengths = [k for r in runs for k in r["lengths"]]
+    assert sum(lengths) / len(lengths) > 1.25 and max(lengths) >= 3  # drafts are accepted, deep ones too
 
 
 def greedy_identical(heads_dir, **kw) -> infer.SpecModel:
