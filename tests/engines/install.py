@@ -64,7 +64,10 @@ def venv_dir(name: str) -> str:
 
 
 def _pip(py: str, *args: str) -> None:
-    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True)
+    # --no-compile: byte-compiling every module of torch and the engine at install time costs ~25 s of CPU
+    # per venv; the few modules the tests import compile on first import instead
+    subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile", *args],
+                   check=True)
 
 
 def _site_packages(py: str) -> str:
