@@ -1,4 +1,4 @@
-"""The GPU check of issue 15: tree-verify cost (k = 1..64, tree attention vs the old float mask) against a
+"""The GPU check: tree-verify cost (k = 1..64, tree attention vs the old float mask) against a
 1-token decode, host syncs per step, and fp32 greedy identity with an oracle draft, on a ~1B random Llama.
 
     python scripts/gpu_check.py --out results/gpu-check/gpu_check.json   # on a CUDA machine, < 8 minutes

@@ -1,4 +1,4 @@
-"""Training-time drafting equals inference-time drafting, token by token (issue 16 item 1), for EAGLE-1,
+"""Training-time drafting equals inference-time drafting, token by token, for EAGLE-1,
 EAGLE-3 and EAGLE-3.1; and EAGLE-3.1 (``fc_norm`` + ``norm_output``): its definition, training,
 greedy identity and exact sampling. Tiny random targets (conftest), seeded, fp32.
 

@@ -1,4 +1,4 @@
-"""Issue 17 #3: the held-out eval scores the heads against the target's own argmax, and measures τ with
+"""The held-out eval scores the heads against the target's own argmax, and measures τ with
 `infer.generate` on held-out prompts (logged, in eval_results.json and the model card)."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def generate_tau(target, heads, prompts: list, new_tokens: int) -> float:
 
 
 def test_measured_tau_on_a_prompt_file_reads_its_rows_after_skip(tiny_target, tiny_data, tmp_path):
-    """``eval.measured_tau_prompts_file`` (issue 17 #3): the logged τ is measured on the prompts the
+    """``eval.measured_tau_prompts_file``: the logged τ is measured on the prompts the
     benchmark reads (a prompts JSONL, whole rows), skipping its first rows; a missing file fails at setup."""
     from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""Issue 17 #4: what a newcomer trips on. The README's `accelerate launch` is quiet; the demo target's names
+"""What a newcomer trips on. The README's `accelerate launch` is quiet; the demo target's names
 work wherever a target is accepted; `infer.load(heads=dir)` finds the target the heads were trained on."""
 
 from __future__ import annotations

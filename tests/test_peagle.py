@@ -1,4 +1,4 @@
-"""P-EAGLE parallel drafting (``heads.eagle3.p_eagle``, issue 16 item 3): the option and its saved
+"""P-EAGLE parallel drafting (``heads.eagle3.p_eagle``): the option and its saved
 placeholders, training's slot j = the proposer's depth j+1 logits token by token, the one-forward proposer
 (its tree, its exact draft cache), greedy identity with target.generate with random and trained heads (deep
 paths accepted), batches, exact sampling (chi-square), the real train loop, and the export refusal. Tiny random

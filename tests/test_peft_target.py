@@ -171,7 +171,7 @@ def test_infer_load_brings_the_recorded_adapter(store, tmp_path):
     assert saved["target_adapter"] == adapter("llama") and saved["target_adapter_sha256"]
 
     # The recorded path is outside the heads directory: a checkpoint's config never sends the loader
-    # there (issue 12 #6); adapter= names the adapter, and its weights are checked against the record.
+    # there; adapter= names the adapter, and its weights are checked against the record.
     with pytest.raises(ValueError, match=r"target_adapter .* is an absolute path.*pass adapter="):
         infer.load(base("llama"), str(tmp_path / "heads"))
     for merge in (False, True):

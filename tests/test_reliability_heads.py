@@ -1,5 +1,5 @@
-"""Issue 12, the heads side: what a push uploads (#4), paths (#6) and sizes (#7) read from a checkpoint,
-input validation of `infer.generate` / `infer.load` (#12), and the target fingerprint (#13).
+"""The heads side of failing safe: what a push uploads, paths and sizes read from a checkpoint,
+input validation of `infer.generate` / `infer.load`, and the target fingerprint.
 
 Pushes run the real huggingface_hub client (HfApi.create_repo / create_commit, CommitOperationAdd, the
 preupload and commit payloads) against an in-process HTTP transport that stands in for the Hub; only the

@@ -1,4 +1,4 @@
-"""Training runs fail safe (issue 12): a run owns its output_dir, a resume reads nothing that can run code,
+"""Training runs fail safe: a run owns its output_dir, a resume reads nothing that can run code,
 a full disk costs no checkpoint, and input problems are one line before any data is read.
 
 Reuses the tiny random Llama + BPE tokenizer and the cyclic-words data of `tests/test_train.py`. Poisoned
@@ -75,7 +75,7 @@ def _killed_at_step_2(target: str, data: str, out: str, **extra) -> None:
 
 
 def test_a_run_owns_its_output_dir(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """Issue 12 #1: a second run in a used output_dir is refused (same or other config) before any data is
+    """A second run in a used output_dir is refused (same or other config) before any data is
     read, the first run's files untouched; overwrite=true wipes it and leaves only the new run's state."""
     from train import train_heads
 
@@ -108,7 +108,7 @@ def test_a_run_owns_its_output_dir(tiny_target, tiny_data, tmp_path, monkeypatch
 def test_resume_refuses_another_runs_checkpoint_naming_the_keys(
     tiny_target, tiny_data, tmp_path, monkeypatch
 ):
-    """Issue 12 #1/#9: resume=PATH of another run's checkpoint, and resume=auto after changing the head
+    """Resume=PATH of another run's checkpoint, and resume=auto after changing the head
     config (num_heads; EAGLE heads in a Medusa run's dir), name the differing keys in one line."""
     a = str(tmp_path / "a")
     _killed_at_step_2(tiny_target, tiny_data, a)
@@ -137,7 +137,7 @@ def test_resume_refuses_another_runs_checkpoint_naming_the_keys(
 
 
 def test_unrelated_directory_is_refused_and_untouched(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """Issue 12 #2: a non-empty directory that is no selfspec run is refused before any work, with or
+    """A non-empty directory that is no selfspec run is refused before any work, with or
     without overwrite=true, and none of its files changes."""
     mine = tmp_path / "my-project"
     mine.mkdir()
@@ -152,7 +152,7 @@ def test_unrelated_directory_is_refused_and_untouched(tiny_target, tiny_data, tm
 
 
 def test_resuming_a_finished_run_is_a_no_op(tiny_target, tiny_data, tmp_path, monkeypatch, capsys):
-    """Issue 12 #3: --resume on a finished run whose best-τ step was not the last (output_dir/best is gone)
+    """--resume on a finished run whose best-τ step was not the last (output_dir/best is gone)
     says so in one line and exits 0, changing nothing."""
     from train import train_heads
 
@@ -232,7 +232,7 @@ def test_the_poison_does_run_when_unpickled(tmp_path):
 
 @pytest.mark.parametrize("kind", list(POISONS))
 def test_resume_never_unpickles_code(kind, killed_run, tiny_target, tiny_data, tmp_path):
-    """Issue 12 #5: a poisoned file of each kind a resume reads is refused in one line naming it (an RNG
+    """A poisoned file of each kind a resume reads is refused in one line naming it (an RNG
     state is not silently skipped), and nothing is executed."""
     name, content, remove = POISONS[kind]
     out, marker = str(tmp_path / "run"), str(tmp_path / "marker")
@@ -284,7 +284,7 @@ def _fill(directory: str) -> str:
 
 
 def test_disk_full_during_a_checkpoint(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """Issue 12 #8: the filesystem fills up after the step-2 checkpoint; the step-4 one fails in the real
+    """The filesystem fills up after the step-2 checkpoint; the step-4 one fails in the real
     write path. One line says "No space left on device" and names the checkpoint; the partial
     .tmp-step-4 is gone, step-2 is intact, and after space is freed --resume finishes the run."""
     from train import train_heads
@@ -340,7 +340,7 @@ def test_disk_full_during_a_checkpoint(tiny_target, tiny_data, tmp_path, monkeyp
 
 
 def test_context_length_is_checked_before_the_data(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """Issue 12 #11: data.max_length beyond the target's context, from its config, before tokenizing."""
+    """Data.max_length beyond the target's context, from its config, before tokenizing."""
     _no_data_loading(monkeypatch)
     text = _refusal(_overrides(tiny_target, tiny_data, str(tmp_path / "run"), **{"data.max_length": 4096}))
     assert "data.max_length=4096 exceeds the target's max_position_embeddings=128" in text
@@ -361,7 +361,7 @@ def test_a_refused_run_leaves_an_existing_output_dir_unchanged(tiny_target, tiny
 
 
 def test_read_only_output_dir_is_checked_before_the_data(tiny_target, tiny_data, tmp_path, monkeypatch):
-    """Issue 12 #11: an existing read-only output_dir fails before any data is read (a read-only mount,
+    """An existing read-only output_dir fails before any data is read (a read-only mount,
     which also stops root; a chmod 555 directory when not root)."""
     ro = str(tmp_path / "ro")
     mounted = _mount_tmpfs(ro, "ro,size=64k")
@@ -407,7 +407,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_launcher_errors_are_one_line(tiny_target, tiny_data, tmp_path):
-    """Issue 12 #10, with the real launchers. `accelerate launch --quiet` (single process): the training
+    """With the real launchers: `accelerate launch --quiet` (single process): the training
     script's line only. `python -m train.launch` (accelerate's launcher, in-process): a config typo is one
     line before any process starts, and an input error found by the 2 DeepSpeed processes is one line
     (no CalledProcessError / ChildFailedError traceback, no torch elastic report), exit status 1."""

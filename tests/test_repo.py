@@ -25,7 +25,7 @@ def test_readme_has_exactly_two_setup_commands():
         assert c.index(
             "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
         ) < c.index("pip install -e")
-    # issue 17: the first command trains the recommended way (self-distilled data) and shows the comparison
+    # the first command trains the recommended way (self-distilled data) and shows the comparison
     assert (
         demo.index("scripts/regenerate_data.py --target demo")
         < demo.index("train/train_heads.py --config configs/demo-medusa-regen.yaml")

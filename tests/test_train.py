@@ -379,7 +379,7 @@ _TOP_LEVEL = {
 
 
 def test_no_train_module_shadows_a_top_level_module():
-    """Issue 13: train/ runs as a script without a sys.path edit, so none of its modules may share a name
+    """train/ runs as a script without a sys.path edit, so none of its modules may share a name
     with the standard library, an installed or project top-level package, or a well-known one above."""
     import importlib.machinery
 
@@ -396,7 +396,7 @@ def test_no_train_module_shadows_a_top_level_module():
 
 
 def test_no_package_module_edits_sys_path():
-    """Issue 13: no module of the packages edits sys.path (the EAGLE-3 speed benchmark's import of the
+    """No module of the packages edits sys.path (the EAGLE-3 speed benchmark's import of the
     user's checkout of the original trainer is done by its script, scripts/bench_eagle3_train.py)."""
     import re
 
