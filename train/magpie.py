@@ -34,7 +34,8 @@ import random
 import re
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -105,25 +106,30 @@ class PromptsConfig:
         return {k: getattr(self, k) for k in keep}
 
 
+# Why a sampled turn is dropped, in the order the filters are tried (see the module docstring).
+DROP_REASONS = ("unfinished", "too_short", "duplicate", "near_duplicate")
+
+
 @dataclass
 class PromptsReport:
+    """What a run did. ``sampled``: user turns sampled in all (``sampled_before`` of them by earlier runs);
+    ``dropped``: sampled turns the filters dropped, by reason (`DROP_REASONS`, every reason present)."""
+
     out: str
     chat: int = 0
     code: int = 0
     sampled: int = 0
     sampled_before: int = 0
-    unfinished: int = 0
-    too_short: int = 0
-    duplicate: int = 0
-    near_duplicate: int = 0
+    dropped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(DROP_REASONS, 0)))
     new_tokens: int = 0
     seconds: float = 0.0
 
     def summary(self) -> str:
+        d = self.dropped
         return (
             f"{self.out}: {self.chat} chat + {self.code} code prompts; {self.sampled} user turns sampled "
-            f"({self.sampled_before} before this run), dropped {self.unfinished} unfinished, {self.too_short} "
-            f"too short, {self.duplicate} duplicates, {self.near_duplicate} near-duplicates; "
+            f"({self.sampled_before} before this run), dropped {d['unfinished']} unfinished, {d['too_short']} "
+            f"too short, {d['duplicate']} duplicates, {d['near_duplicate']} near-duplicates; "
             f"{self.new_tokens} new tokens in {self.seconds:.0f} s"
         )
 
@@ -182,17 +188,24 @@ class _Filter:
         self.exact: set[str] = set()
         self.near: set[str] = set()
 
-    def add(self, sample: dict, origin: str) -> None:
-        text, r = sample["text"], self.report
+    def drop_reason(self, sample: dict) -> str | None:
+        """The first of `DROP_REASONS` that ``sample`` fails, or None to keep it."""
+        text = sample["text"]
         if not sample["finished"]:
-            r.unfinished += 1
-        elif sample["tokens"] < self.cfg.min_tokens or not text:
-            r.too_short += 1
-        elif text in self.exact:
-            r.duplicate += 1
-        elif near_key(text) in self.near:
-            r.near_duplicate += 1
+            return "unfinished"
+        if sample["tokens"] < self.cfg.min_tokens or not text:
+            return "too_short"
+        if text in self.exact:
+            return "duplicate"
+        if near_key(text) in self.near:
+            return "near_duplicate"
+        return None
+
+    def add(self, sample: dict, origin: str) -> None:
+        if reason := self.drop_reason(sample):
+            self.report.dropped[reason] += 1
         else:
+            text = sample["text"]
             self.exact.add(text)
             self.near.add(near_key(text))
             self.kept.append((text, origin))
@@ -356,5 +369,5 @@ def cli(cfg: PromptsConfig) -> PromptsReport:
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     print(report.summary())
-    print(json.dumps(asdict(report)))
+    print(json.dumps(vars(report)))  # not asdict: it rebuilds a Counter from its (key, count) items
     return report

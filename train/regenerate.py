@@ -47,8 +47,9 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -163,19 +164,26 @@ class RegenConfig:
         return out
 
 
+# Why a row is not regenerated (see the module docstring): the report's key and the summary's words.
+SKIP_REASONS = {
+    "no_assistant": "rows with no assistant turn",
+    "too_long": "rows whose prompt + max_new_tokens exceed the target's context",
+}
+
+
 @dataclass
 class RegenReport:
     """What a run did. ``rows``: input rows considered (after ``limit``); ``done_before``: already in
-    the output when the run started; ``written``: rows this run appended; ``no_assistant`` and
-    ``too_long``: skipped rows (see the module docstring); ``new_tokens``: tokens generated."""
+    the output when the run started; ``written``: rows this run appended; ``skipped``: rows not
+    regenerated, by reason (`SKIP_REASONS`, every reason present), ``skipped_rows`` their indices;
+    ``new_tokens``: tokens generated."""
 
     out: str
     format: str
     rows: int = 0
     done_before: int = 0
     written: int = 0
-    no_assistant: int = 0
-    too_long: int = 0
+    skipped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(SKIP_REASONS, 0)))
     new_tokens: int = 0
     seconds: float = 0.0
     skipped_rows: list[int] = field(default_factory=list)
@@ -185,12 +193,7 @@ class RegenReport:
             f"{self.out}: {self.written} rows written this run, {self.done_before} already there, "
             f"{self.rows} input rows ({self.format}); {self.new_tokens} new tokens in {self.seconds:.0f} s"
         ]
-        if self.no_assistant:
-            parts.append(f"skipped {self.no_assistant} rows with no assistant turn")
-        if self.too_long:
-            parts.append(
-                f"skipped {self.too_long} rows whose prompt + max_new_tokens exceed the target's context"
-            )
+        parts += [f"skipped {n} {SKIP_REASONS[why]}" for why, n in self.skipped.items() if n]
         return "; ".join(parts)
 
 
@@ -302,7 +305,7 @@ def regenerate(
     done = read_done(cfg.out)
     check_settings(cfg.out, cfg.settings(), fresh=not done)
     report = RegenReport(out=cfg.out, format=fmt, rows=n, done_before=sum(i < n for i in done))
-    report.no_assistant, report.skipped_rows = len(skip), sorted(skip)
+    report.skipped["no_assistant"], report.skipped_rows = len(skip), sorted(skip)
     if skip:
         logger.warning("%s: skipping %d of %d rows with no assistant turn", label, len(skip), n)
     # A plan fixed by all the rows (not the pending ones): a resumed run batches the remaining rows as an
@@ -335,11 +338,11 @@ def regenerate(
                 on_batch(k, len(out_rows))
     bar.close()
     report.seconds = time.perf_counter() - t0
-    if report.too_long:
+    if report.skipped["too_long"]:
         logger.warning(
             "%s: skipped %d rows whose prompt + max_new_tokens exceed the target's context of %s tokens",
             label,
-            report.too_long,
+            report.skipped["too_long"],
             ctx,
         )
     return report
@@ -381,9 +384,8 @@ def run(cfg: RegenConfig, **kwargs) -> RegenReport:
 
 
 def report_dict(report: RegenReport) -> dict[str, Any]:
-    d = asdict(report)
-    d["skipped_rows"] = d["skipped_rows"][:20]
-    return d
+    # not asdict: it rebuilds a Counter from its (key, count) items, counting those
+    return {**vars(report), "skipped_rows": report.skipped_rows[:20]}
 
 
 def cli(cfg: RegenConfig) -> RegenReport:
