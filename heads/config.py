@@ -224,7 +224,7 @@ def parse_cli(
 
 def option(default: Any = dataclasses.MISSING, *, help: str, **metadata: Any) -> Any:
     """A dataclass field whose flag `parse_cli` documents with ``help``; no ``default``: a required field.
-    ``metadata`` takes the other keys `parse_cli` reads (``positional``, ``false_flag``)."""
+    ``metadata``: more keys of the field's metadata (`parse_cli` reads ``positional`` and ``false_flag``)."""
     return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
