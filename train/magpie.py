@@ -126,8 +126,8 @@ class PromptsReport(RunReport):
         d = self.dropped
         return (
             f"{self.out}: {self.chat} chat + {self.code} code prompts; {self.sampled} user turns sampled "
-            f"({self.sampled_before} before this run), dropped {d['unfinished']} unfinished, {d['too_short']} "
-            f"too short, {d['duplicate']} duplicates, {d['near_duplicate']} near-duplicates; "
+            f"({self.sampled_before} before this run), dropped {d['unfinished']} unfinished, "
+            f"{d['too_short']} too short, {d['duplicate']} duplicates, {d['near_duplicate']} near-duplicates; "
             f"{self.new_tokens} new tokens in {self.seconds:.0f} s"
         )
 
