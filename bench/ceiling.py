@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import copy
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from bench.stats import BOOTSTRAP_REPS, _paired_bootstrap
+from heads.config import option, parse_cli, repeatable
 from infer.draft import Proposer
 from infer.runner import TreeRunner
 from infer.tree import DraftTree
@@ -195,45 +196,30 @@ def _tree_size(proposer: Proposer) -> tuple[int, int]:
     return (total - 1 if total else len(proposer.tree)), proposer.depth
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass
 class CeilingOptions:
     """Expected τ of each head's trees on fixed contexts, against the best tree of the same size
     (`bench.ceiling`)."""
 
-    target: str = field(default="demo", metadata=_help("'demo' / 'demo-tiny', a dir or Hub id"))
-    heads: list[str] = field(
-        default_factory=list, metadata=_help("[LABEL=]DIR: heads checkpoint, repeatable")
+    target: str = option("demo", help="'demo' / 'demo-tiny', a dir or Hub id")
+    heads: list[str] = repeatable(help="[LABEL=]DIR: heads checkpoint, repeatable")
+    prompts: list[str] = repeatable(
+        help="[NAME=]JSONL: prompt set, repeatable (default for the demo: its code and chat sets)"
     )
-    prompts: list[str] = field(
-        default_factory=list,
-        metadata=_help("[NAME=]JSONL: prompt set, repeatable (default for the demo: its code and chat sets)"),
-    )
-    limit: int = field(default=16, metadata=_help("prompts per set (the first N rows)"))
-    max_new_tokens: int = field(default=128, metadata=_help("length of the target's continuation"))
-    stride: int = field(default=16, metadata=_help("measure at every stride-th position of the continuation"))
-    modes: str = field(default="greedy,sample", metadata=_help("comma list of greedy, sample (T=0.7)"))
-    depth: int | None = field(default=None, metadata=_help("EAGLE-2 max draft depth (default: the heads')"))
-    draft_top_k: int | None = field(
-        default=None, metadata=_help("EAGLE-2 children per node (default: the heads')")
-    )
-    total_tokens: int | None = field(
-        default=None, metadata=_help("EAGLE-2 tree size, root incl. (default: the heads')")
-    )
-    ceiling: bool = field(
-        default=True, metadata=_help("also find the best tree (sampling; one forward per node)")
-    )
-    dtype: str = field(default="bf16", metadata=_help("target dtype"))
-    device: str | None = field(default=None, metadata=_help("cuda, cpu, ... (default: cuda if available)"))
-    seed: int = field(default=0, metadata=_help("seed of the continuations (per prompt)"))
-    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
-    vs: list[str] = field(
-        default_factory=list, metadata=_help("A:B paired difference of two labels, repeatable")
-    )
-    out: str = field(default="out/ceiling", metadata=_help("output directory (results.json, results.md)"))
+    limit: int = option(16, help="prompts per set (the first N rows)")
+    max_new_tokens: int = option(128, help="length of the target's continuation")
+    stride: int = option(16, help="measure at every stride-th position of the continuation")
+    modes: str = option("greedy,sample", help="comma list of greedy, sample (T=0.7)")
+    depth: int | None = option(None, help="EAGLE-2 max draft depth (default: the heads')")
+    draft_top_k: int | None = option(None, help="EAGLE-2 children per node (default: the heads')")
+    total_tokens: int | None = option(None, help="EAGLE-2 tree size, root incl. (default: the heads')")
+    ceiling: bool = option(True, help="also find the best tree (sampling; one forward per node)")
+    dtype: str = option("bf16", help="target dtype")
+    device: str | None = option(None, help="cuda, cpu, ... (default: cuda if available)")
+    seed: int = option(0, help="seed of the continuations (per prompt)")
+    threads: int | None = option(None, help="torch CPU threads (default: all cores)")
+    vs: list[str] = repeatable(help="A:B paired difference of two labels, repeatable")
+    out: str = option("out/ceiling", help="output directory (results.json, results.md)")
 
     def __post_init__(self) -> None:
         modes = [m for m in self.modes.split(",") if m]
@@ -317,7 +303,6 @@ def run(argv: list[str]) -> dict:
     from bench.report import write_text
     from bench.run import parse_pairs
     from heads import load_target
-    from heads.config import parse_cli
     from infer.prompts import read_prompts, render_prompt
 
     o = parse_cli(CeilingOptions, argv, prog="scripts/tree_ceiling.py")

@@ -25,14 +25,15 @@ import os
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import transformers
 from torch import Tensor
 
 from bench.measure import first_difference, random_llama, sync, tie_margin
-from heads.config import parse_cli
+from bench.shapes import LLAMA_1B, LLAMA_SMALL
+from heads.config import option, parse_cli
 from heads.graft import TargetOutput, run_target_lean
 from heads.io import atomic_text
 from infer.cache import new_cache
@@ -41,61 +42,32 @@ from infer.generate import speculative_generate
 from infer.runner import TreeRunner
 from infer.tree import DraftTree, tree_buffers
 
-# TinyLlama-1.1B's shape: 22 layers, hidden 2048, 32 query / 4 KV heads (8:1 grouped-query attention).
-LLAMA_1B = dict(
-    vocab_size=32000,
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    max_position_embeddings=2048,
-)
-LLAMA_SMALL = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-)
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
-
 
 @dataclass
 class DeviceCheckOptions:
     """Tree-verify cost, host syncs and greedy identity of infer.generate on a ~1B random Llama."""
 
-    out: str = field(default="gpu_check.json", metadata=_help("where the JSON report is written"))
-    small: bool = field(
-        default=False, metadata=_help("a tiny config (CPU, seconds): the suite's end-to-end run")
-    )
-    device: str | None = field(default=None, metadata=_help("cuda, cpu, ... (default: cuda if available)"))
-    max_k: int = field(default=64, metadata=_help("time tree verifies of k = 1..max_k nodes"))
-    context: int = field(default=512, metadata=_help("cached context tokens before each timed verify"))
-    reps: int = field(default=20, metadata=_help("timed forwards per (k, path), after 2 warm-ups"))
-    prompts: int = field(default=4, metadata=_help("prompts for the greedy identity check"))
-    new_tokens: int = field(default=128, metadata=_help("new tokens per identity prompt"))
-    depth: int = field(
-        default=6, metadata=_help("oracle draft depth (each level: the right token and a wrong one)")
-    )
-    budget_s: float = field(
-        default=420.0, metadata=_help("stop the timing part after this many seconds in all")
-    )
-    seed: int = 0
+    out: str = option("gpu_check.json", help="where the JSON report is written")
+    small: bool = option(False, help="a tiny config (CPU, seconds): the suite's end-to-end run")
+    device: str | None = option(None, help="cuda, cpu, ... (default: cuda if available)")
+    # Sizes, each >= 1; ``small``: its default under --small (`SMALL`).
+    max_k: int = option(64, small=8, help="time tree verifies of k = 1..max_k nodes")
+    context: int = option(512, small=32, help="cached context tokens before each timed verify")
+    reps: int = option(20, small=2, help="timed forwards per (k, path), after 2 warm-ups")
+    prompts: int = option(4, small=2, help="prompts for the greedy identity check")
+    new_tokens: int = option(128, small=24, help="new tokens per identity prompt")
+    depth: int = option(6, small=4, help="oracle draft depth (each level: the right token and a wrong one)")
+    budget_s: float = option(420.0, help="stop the timing part after this many seconds in all")
+    seed: int = option(0, help="seed of the random weights, prompts and contexts")
 
     def __post_init__(self) -> None:
-        for name in ("max_k", "context", "reps", "prompts", "new_tokens", "depth"):
+        for name in SMALL:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
 # The defaults --small changes (a value given explicitly, other than the full default, is kept).
-SMALL = dict(max_k=8, context=32, reps=2, prompts=2, new_tokens=24, depth=4)
+SMALL = {f.name: f.metadata["small"] for f in fields(DeviceCheckOptions) if "small" in f.metadata}
 
 
 class OracleProposer(Proposer):

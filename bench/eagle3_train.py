@@ -8,7 +8,7 @@ import datetime
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -24,6 +24,7 @@ from bench.eagle3_speed import (
 )
 from bench.machine import machine_info
 from bench.measure import PeakMemory
+from heads.config import option
 from heads.eagle3 import Eagle3Head, build_vocab_map, count_tokens
 from heads.io import atomic_text
 
@@ -32,20 +33,16 @@ from heads.io import atomic_text
 class BenchOptions:
     """EAGLE-3 training step speed: per-part split and interleaved tokens/s vs the original trainer."""
 
-    reference: str | None = field(
-        default=None, metadata={"help": "checkout of SafeAILab/EAGLE (or its eagle/traineagle3)"}
-    )
-    ttt: str = field(
-        default="7,4", metadata={"help": "our TTT lengths, comma-separated (the first is compared)"}
-    )
-    modes: str = field(default="fp32,bf16", metadata={"help": "precision modes, comma-separated: fp32, bf16"})
+    reference: str | None = option(None, help="checkout of SafeAILab/EAGLE (or its eagle/traineagle3)")
+    ttt: str = option("7,4", help="our TTT lengths, comma-separated (the first is compared)")
+    modes: str = option("fp32,bf16", help="precision modes, comma-separated: fp32, bf16")
     batch: int = 8
     length: int = 256
     draft_vocab: int = 2048
     rounds: int = 5
     split_steps: int = 2
     threads: int = 1
-    out: str | None = field(default=None, metadata={"help": "directory for results.json and results.md"})
+    out: str | None = option(None, help="directory for results.json and results.md")
 
     def __post_init__(self) -> None:
         try:

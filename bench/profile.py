@@ -34,13 +34,13 @@ import os
 import pstats
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
 import demo
 import infer
-from heads.config import parse_cli
+from heads.config import option, parse_cli, repeatable
 from heads.io import atomic_text
 from infer.prompts import read_prompts, render_prompt
 
@@ -50,30 +50,22 @@ R = importlib.import_module("infer.runner")  # the target side of the loop (forw
 SECTIONS = ("draft", "mask", "verify", "accept", "compact", "other")
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass
 class ProfileOptions:
     """Where the time of one infer.generate step goes, and the speedup over target.generate."""
 
-    heads: list[str] = field(default_factory=list, metadata=_help("heads directories (e.g. out/demo-medusa)"))
-    target: str = field(
-        default="demo", metadata=_help("target dir; 'demo' / 'demo-tiny' = the built-in demo target")
-    )
+    heads: list[str] = repeatable(help="heads directories (e.g. out/demo-medusa)")
+    target: str = option("demo", help="target dir; 'demo' / 'demo-tiny' = the built-in demo target")
     dtype: str = "bf16"
     prompts: int = 8
     max_new_tokens: int = 128
-    prompt_tokens: int = field(default=128, metadata=_help("truncate prompts to their last N tokens"))
-    repeats: int = field(default=3, metadata=_help("interleaved rounds over all prompts"))
-    sample: bool = field(default=False, metadata=_help("T=0.7 sampling (top-k/top-p off) instead of greedy"))
-    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
-    attn: str | None = field(
-        default=None, metadata=_help("attn_implementation (sdpa, eager); default: the model's")
-    )
-    cprofile: bool = field(default=False, metadata=_help("print cProfile's top functions per head"))
-    json: str | None = field(default=None, metadata=_help("write the results here"))
+    prompt_tokens: int = option(128, help="truncate prompts to their last N tokens")
+    repeats: int = option(3, help="interleaved rounds over all prompts")
+    sample: bool = option(False, help="T=0.7 sampling (top-k/top-p off) instead of greedy")
+    threads: int | None = option(None, help="torch CPU threads (default: all cores)")
+    attn: str | None = option(None, help="attn_implementation (sdpa, eager); default: the model's")
+    cprofile: bool = option(False, help="print cProfile's top functions per head")
+    json: str | None = option(None, help="write the results here")
 
     def __post_init__(self) -> None:
         if not self.heads:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -33,84 +33,60 @@ from bench.prompt_sets import prompt_files
 from bench.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, markdown, plot, write_text
 from bench.stats import compare, summarise
 from heads import load_target, targets
-from heads.config import parse_cli
+from heads.config import option, parse_cli, repeatable
 from infer.prompts import read_prompts, render_prompt
 
 DEFAULT_TIE_TOL = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.25, torch.float16: 0.05}
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass
 class BenchmarkOptions:
     """Benchmark speculative decoding against plain decoding (see `bench`)."""
 
-    target: str = field(
-        default="demo", metadata=_help("a built-in name (demo, demo-tiny, smollm2-135m-instruct), a .gguf, a dir or Hub id")
+    target: str = option(
+        "demo", help="a built-in name (demo, demo-tiny, smollm2-135m-instruct), a .gguf, a dir or Hub id"
     )
-    heads: list[str] = field(
-        default_factory=list,
-        metadata=_help(
-            "[LABEL=]DIR: heads checkpoint (dir or Hub id), repeatable; LABEL names it in the tables"
-        ),
+    heads: list[str] = repeatable(
+        help="[LABEL=]DIR: heads checkpoint (dir or Hub id), repeatable; LABEL names it in the tables"
     )
-    prompts: list[str] = field(
-        default_factory=list,
-        metadata=_help(
-            "[NAME=]JSONL: prompt set (rows with 'text' or chat 'messages'), or built in: mt-bench, humaneval "
-            "(bench/prompt_sets.py); repeatable. Default for the demo "
-            "target: its held-out code prompts ('code') and a chat set built from other held-out prompts ('chat')"
-        ),
+    prompts: list[str] = repeatable(
+        help="[NAME=]JSONL: prompt set (rows with 'text' or chat 'messages'), or built in: mt-bench, "
+        "humaneval (bench/prompt_sets.py); repeatable. Default for the demo target: its held-out code "
+        "prompts ('code') and a chat set built from other held-out prompts ('chat')"
     )
-    limit: int = field(default=8, metadata=_help("prompts per set (the first N rows)"))
-    max_new_tokens: int = 128
-    stop_at_eos: bool = field(default=False, metadata=_help("stop at EOS (default: fixed-length runs)"))
-    dtype: str = field(default="bf16", metadata=_help("target dtype: bf16 (default), fp16, fp32 or auto"))
-    device: str | None = field(default=None, metadata=_help("cuda, cpu, ... (default: cuda if available)"))
-    modes: str = field(default="greedy,sample", metadata=_help("comma list of greedy, sample (T=0.7)"))
-    prompt_lookup: int = field(default=3, metadata=_help("HF prompt_lookup_num_tokens baseline; 0: off"))
-    warmup: int = field(default=1, metadata=_help("untimed warm-up prompts per set and mode"))
-    tree: list[str] = field(
-        default_factory=list,
-        metadata=_help(
-            "[LABEL:]LIST: Medusa trees: comma list of node counts, 'default' (the heads' saved tree or "
-            "default_tree), JSON files of paths; LABEL: limits it to those heads; repeatable"
-        ),
+    limit: int = option(8, help="prompts per set (the first N rows)")
+    max_new_tokens: int = option(128, help="new tokens per prompt (see --stop-at-eos)")
+    stop_at_eos: bool = option(False, help="stop at EOS (default: fixed-length runs)")
+    dtype: str = option("bf16", help="target dtype: bf16 (default), fp16, fp32 or auto")
+    device: str | None = option(None, help="cuda, cpu, ... (default: cuda if available)")
+    modes: str = option("greedy,sample", help="comma list of greedy, sample (T=0.7)")
+    prompt_lookup: int = option(3, help="HF prompt_lookup_num_tokens baseline; 0: off")
+    warmup: int = option(1, help="untimed warm-up prompts per set and mode")
+    tree: list[str] = repeatable(
+        help="[LABEL:]LIST: Medusa trees: comma list of node counts, 'default' (the heads' saved tree or "
+        "default_tree), JSON files of paths; LABEL: limits it to those heads; repeatable"
     )
-    total_tokens: list[str] = field(
-        default_factory=list,
-        metadata=_help("[LABEL:]LIST: EAGLE-2 tree sizes (root incl.): comma list or 'default'; repeatable"),
+    total_tokens: list[str] = repeatable(
+        help="[LABEL:]LIST: EAGLE-2 tree sizes (root incl.): comma list or 'default'; repeatable"
     )
-    depth: int | None = field(default=None, metadata=_help("EAGLE-2 max draft depth"))
-    draft_top_k: int | None = field(
-        default=None, metadata=_help("EAGLE-2 frontier width / children per node")
+    depth: int | None = option(None, help="EAGLE-2 max draft depth")
+    draft_top_k: int | None = option(None, help="EAGLE-2 frontier width / children per node")
+    verify_cost: str = option("1,2,4,8,16,32,64", help="k values to time a k-token verify; '' off")
+    seed: int = option(0, help="sampling seed (per prompt: seed*1000 + index)")
+    threads: int | None = option(None, help="torch CPU threads (default: all cores)")
+    tie_tol: float | None = option(
+        None, help="greedy near-tie tolerance in logits (default 0 in fp32, 0.25 in bf16, 0.05 in fp16)"
     )
-    verify_cost: str = field(
-        default="1,2,4,8,16,32,64", metadata=_help("k values to time a k-token verify; '' off")
+    strict: bool = option(False, help="fail on any greedy mismatch, near-ties included")
+    time_split: bool = option(
+        True,
+        help="ask infer.generate for the draft/verify/bookkeeping split (on GPU it synchronises per phase)",
     )
-    seed: int = field(default=0, metadata=_help("sampling seed (per prompt: seed*1000 + index)"))
-    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
-    tie_tol: float | None = field(
-        default=None,
-        metadata=_help("greedy near-tie tolerance in logits (default 0 in fp32, 0.25 in bf16, 0.05 in fp16)"),
+    vs: list[str] = repeatable(
+        help="A:B: paired comparison of two method labels (repeatable), e.g. 'medusa-tuned:medusa': ratio of "
+        "tokens/s with a bootstrap 95%% interval over prompts"
     )
-    strict: bool = field(default=False, metadata=_help("fail on any greedy mismatch, near-ties included"))
-    time_split: bool = field(
-        default=True,
-        metadata=_help(
-            "ask infer.generate for the draft/verify/bookkeeping split (on GPU it synchronises per phase)"
-        ),
-    )
-    vs: list[str] = field(
-        default_factory=list,
-        metadata=_help(
-            "A:B: paired comparison of two method labels (repeatable), e.g. 'medusa-tuned:medusa': ratio of "
-            "tokens/s with a bootstrap 95%% interval over prompts"
-        ),
-    )
-    out: str = field(default="out/bench", metadata=_help("output directory"))
+    out: str = option("out/bench", help="output directory")
 
     def __post_init__(self) -> None:
         modes = parse_list(self.modes)

@@ -29,7 +29,7 @@ import datetime
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -43,53 +43,36 @@ from bench.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
 from bench.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from demo.precision import fast_precision
 from heads import registry
-from heads.config import parse_cli
+from heads.config import option, parse_cli
 from infer.prompts import read_prompts, render_prompt
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass
 class DemoGenerateOptions:
     """Side by side, greedy: target.generate, HF prompt lookup and infer.generate with trained heads."""
 
-    heads: str | None = field(
-        default=None, metadata=_help("heads directory or Hub id (e.g. the demo run's output_dir)")
+    heads: str | None = option(None, help="heads directory or Hub id (e.g. the demo run's output_dir)")
+    target: str = option("demo", help="target dir or Hub id; 'demo' / 'demo-tiny' = the built-in demo target")
+    dtype: str = option(
+        "fast",
+        help="the timed dtype: fast (bf16 where the hardware has native bf16, else fp32), bf16 or fp32; "
+        "exactness is checked in fp32 either way",
     )
-    target: str = field(
-        default="demo",
-        metadata=_help("target dir or Hub id; 'demo' / 'demo-tiny' = the built-in demo target"),
-    )
-    dtype: str = field(
-        default="fast",
-        metadata=_help(
-            "the timed dtype: fast (bf16 where the hardware has native bf16, else fp32), bf16 or fp32; "
-            "exactness is checked in fp32 either way"
-        ),
-    )
-    prompts: int = field(default=8, metadata=_help("number of held-out prompts"))
+    prompts: int = option(8, help="number of held-out prompts")
     max_new_tokens: int = 128
-    prompt_tokens: int = field(default=128, metadata=_help("truncate prompts to their last N tokens"))
-    prompt_lookup: int = field(
-        default=3, metadata=_help("HF prompt_lookup_num_tokens of the baseline; 0: off")
+    prompt_tokens: int = option(128, help="truncate prompts to their last N tokens")
+    prompt_lookup: int = option(3, help="HF prompt_lookup_num_tokens of the baseline; 0: off")
+    threads: int | None = option(None, help="torch CPU threads (default: all cores)")
+    merge: bool = option(
+        False,
+        help="heads with a PEFT adapter (Medusa-2): merge it into the target weights (base-model speed)",
     )
-    threads: int | None = field(default=None, metadata=_help("torch CPU threads (default: all cores)"))
-    merge: bool = field(
-        default=False,
-        metadata=_help(
-            "heads with a PEFT adapter (Medusa-2): merge it into the target weights (base-model speed)"
-        ),
+    bf16_check: bool = option(
+        True,
+        help="when the timed dtype is fp32, also count identical outputs in bf16 (untimed), each divergence "
+        "with the target's own logit margin",
     )
-    bf16_check: bool = field(
-        default=True,
-        metadata=_help(
-            "when the timed dtype is fp32, also count identical outputs in bf16 (untimed), each divergence "
-            "with the target's own logit margin"
-        ),
-    )
-    out: str | None = field(default=None, metadata=_help("directory for results.json (default: none)"))
+    out: str | None = option(None, help="directory for results.json (default: none)")
 
     def __post_init__(self) -> None:
         if not self.heads:

@@ -33,22 +33,13 @@ from dataclasses import dataclass, field
 import torch
 
 from bench.measure import random_llama
-from heads.config import parse_cli
+from bench.shapes import LLAMA_35M
+from heads.config import option, parse_cli, repeatable
 from heads.graft import run_target, run_target_lean
 from heads.io import atomic_text
 from infer.cache import new_cache
 from infer.runner import TreeRunner
 from infer.tree import tree_buffers
-
-CONFIG = dict(
-    vocab_size=32000,
-    hidden_size=384,
-    intermediate_size=1024,
-    num_hidden_layers=6,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    max_position_embeddings=8192,
-)
 
 
 @dataclass
@@ -58,13 +49,11 @@ class TargetStepOptions:
     lengths: list[int] = field(
         default_factory=lambda: [512, 1024, 2048, 4096], metadata={"help": "context lengths"}
     )
-    repeats: int = field(default=3, metadata={"help": "timed repetitions per measurement"})
-    threads: int = field(default=1, metadata={"help": "torch CPU threads"})
-    out: str = field(default="results/target-step-cpu", metadata={"help": "output directory"})
-    child: list[str] = field(
-        default_factory=list, metadata={"help": "internal: WAY LENGTH of one prefill child"}
-    )
-    verify_child: bool = field(default=False, metadata={"help": "internal: run the verify measurements here"})
+    repeats: int = option(3, help="timed repetitions per measurement")
+    threads: int = option(1, help="torch CPU threads")
+    out: str = option("results/target-step-cpu", help="output directory")
+    child: list[str] = repeatable(help="internal: WAY LENGTH of one prefill child")
+    verify_child: bool = option(False, help="internal: run the verify measurements here")
 
 
 def rss_mb() -> float:
@@ -74,9 +63,9 @@ def rss_mb() -> float:
 
 def prefill_child(way: str, length: int, repeats: int) -> dict:
     """One (way, length) in this process: peak extra memory of the first prefill, then median time."""
-    model = random_llama(CONFIG)
+    model = random_llama(LLAMA_35M)
     fn = run_target if way == "full" else run_target_lean
-    ids = torch.randint(3, CONFIG["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, LLAMA_35M["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         fn(model, ids[:, :16], cache=new_cache(), use_cache=True)  # warm-up
         base = rss_mb()
@@ -102,13 +91,15 @@ def verify_child(lengths: list[int], repeats: int) -> list[dict]:
     """Per context length: median (and min) ms of one 16-node verify + accept per way, and of a plain
     1-token decode forward of the stock model (what target.generate runs per token); the ways and
     the decode take turns in every round."""
-    model = random_llama(CONFIG)
+    model = random_llama(LLAMA_35M)
     tb = tree_buffers([[k] for k in range(6)] + [[0, k] for k in range(4)] + [[0, 0, k] for k in range(5)])
     tree = tb.draft(torch.tensor(5), torch.randint(3, 1000, (3, 8)))
     keep = torch.nonzero(tb.ancestors[tb.parents.shape[0] - 1]).flatten()  # a depth-3 path
     rows = []
     for length in lengths:
-        ids = torch.randint(3, CONFIG["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            3, LLAMA_35M["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0)
+        )
         row = {"context": length, "tree_nodes": tb.parents.shape[0]}
         with torch.inference_mode():
             runners = {
@@ -140,7 +131,7 @@ def verify_child(lengths: list[int], repeats: int) -> list[dict]:
 def _markdown(results: dict, lengths: list[int]) -> str:
     machine, prefill, verify = results["machine"], results["prefill"], results["verify"]
     lines = [
-        f"# target step on CPU\n\n`{results['command']}` ({machine}; random Llama {CONFIG}, fp32, sdpa)\n"
+        f"# target step on CPU\n\n`{results['command']}` ({machine}; random Llama {LLAMA_35M}, fp32, sdpa)\n"
     ]
     lines += [
         "## prefill\n",
@@ -193,7 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     verify = _child_json([*common, "--verify-child", "--lengths", *map(str, o.lengths)])
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {o.threads} thread(s)"
     command = " ".join(["scripts/bench_target_step.py", *argv])
-    results = {"command": command, "machine": machine, "config": CONFIG, "prefill": prefill, "verify": verify}
+    results = {
+        "command": command,
+        "machine": machine,
+        "config": LLAMA_35M,
+        "prefill": prefill,
+        "verify": verify,
+    }
     os.makedirs(o.out, exist_ok=True)
     atomic_text(os.path.join(o.out, "results.json"), json.dumps(results, indent=1))
     md = _markdown(results, o.lengths)

@@ -35,7 +35,9 @@ __all__ = [
     "key_homes",
     "known_keys",
     "load",
+    "option",
     "parse_cli",
+    "repeatable",
     "to_yaml",
 ]
 
@@ -218,3 +220,14 @@ def parse_cli(
         return load(cls, path, overrides, flags=args)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, **metadata: Any) -> Any:
+    """A dataclass field whose flag `parse_cli` documents with ``help``; no ``default``: a required field.
+    ``metadata``: more keys of the field's metadata (`parse_cli` reads ``positional`` and ``false_flag``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+def repeatable(*, help: str) -> Any:
+    """A list field, empty by default, whose flag takes ``--flag A B`` or the flag repeated (`parse_cli`)."""
+    return dataclasses.field(default_factory=list, metadata={"help": help})

@@ -56,6 +56,35 @@ def test_errors_are_one_line(argv, message, capsys):
 
 
 @dataclasses.dataclass
+class Helped:
+    name: str = config.option(help="the name to use")
+    tags: list[str] = config.repeatable(help="a tag to add")
+    steps: int = config.option(3, help="steps to run")
+
+
+def test_option_and_repeatable_fields(capsys):
+    """`config.option`: a required or defaulted field; `config.repeatable`: a fresh empty list by default,
+    extended by each flag; both show their help text."""
+    assert config.parse_cli(Helped, ["--name", "x", "--tags", "a", "--tags", "b"]) == Helped(
+        "x", ["a", "b"], 3
+    )
+    assert Helped("y").tags == [] and Helped("y").tags is not Helped("y").tags
+    with pytest.raises(TypeError, match="name"):
+        Helped()
+    with pytest.raises(SystemExit):
+        config.parse_cli(Helped, ["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(
+        f"{flag} {text}" in shown
+        for flag, text in [
+            ("NAME", "the name to use"),
+            ("TAGS ...]", "a tag to add"),
+            ("STEPS", "steps to run"),
+        ]
+    )
+
+
+@dataclasses.dataclass
 class Small:
     size: int = 1
 

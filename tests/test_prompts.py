@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 import datasets
 import pytest
@@ -18,6 +19,7 @@ from conftest import tiny_demo_llama
 
 from train.code_prompts import EXCLUDED_PACKAGES, code_prompts, function_heads, source_files, source_roots
 from train.magpie import (
+    DROP_REASONS,
     SAMPLES_SUFFIX,
     PromptsConfig,
     PromptsReport,
@@ -115,18 +117,29 @@ def test_filters_keep_finished_new_turns_in_order():
     cfg = PromptsConfig(target="t", out="o", n=10, code_fraction=0.0, min_tokens=3)
     report = PromptsReport(out="o")
     keep = _Filter(cfg, report)
-    samples = [
-        ("Write a poem about the sea.", 8, True),
-        ("Cut off mid", 9, False),  # unfinished
-        ("Hi", 2, True),  # too short
-        ("Write a poem about the sea.", 8, True),  # exact duplicate
-        ("write a POEM, about   the sea!", 8, True),  # near-duplicate (case, punctuation, spaces)
-        ("Explain recursion to a child.", 7, True),
+    samples = [  # (text, tokens, finished, the reason it is dropped)
+        ("Write a poem about the sea.", 8, True, None),
+        ("Cut off mid", 9, False, "unfinished"),
+        ("Hi", 2, True, "too_short"),
+        ("Write a poem about the sea.", 8, True, "duplicate"),
+        ("write a POEM, about   the sea!", 8, True, "near_duplicate"),  # case, punctuation, spaces
+        ("Explain recursion to a child.", 7, True, None),
     ]
-    for i, (text, n, finished) in enumerate(samples):
+    for i, (text, n, finished, reason) in enumerate(samples):
+        before = report.dropped.copy()
         keep.add({"text": text, "tokens": n, "finished": finished}, f"s{i}")
+        assert report.dropped - before == (Counter([reason]) if reason else Counter()), text
     assert keep.kept == [("Write a poem about the sea.", "s0"), ("Explain recursion to a child.", "s5")]
-    assert (report.unfinished, report.too_short, report.duplicate, report.near_duplicate) == (1, 1, 1, 1)
+    assert report.dropped == dict.fromkeys(DROP_REASONS, 1)
+
+
+def test_report_summary_names_each_reason():
+    dropped = Counter(unfinished=1, too_short=2, duplicate=3, near_duplicate=4)
+    report = PromptsReport(out="o", chat=5, code=6, sampled=20, sampled_before=7, dropped=dropped)
+    assert report.summary().startswith(
+        "o: 5 chat + 6 code prompts; 20 user turns sampled (7 before this run), "
+        "dropped 1 unfinished, 2 too short, 3 duplicates, 4 near-duplicates; 0 new tokens"
+    )
 
 
 def read(path) -> list[dict]:
@@ -141,7 +154,7 @@ def test_prompts_are_deterministic_resumable_and_shown(target, files, tmp_path, 
     err = capfd.readouterr().err
     assert "sampling user turns" in err and "6/6" in err and "collecting code prompts" in err and "2/2" in err
     rows = read(full.out)
-    assert len(rows) == 8 and report.chat == 6 and report.code == 2 and report.unfinished > 0
+    assert len(rows) == 8 and report.chat == 6 and report.code == 2 and report.dropped["unfinished"] > 0
     assert sorted(r["source"] for r in rows) == ["code"] * 2 + ["magpie"] * 6
     for r in rows:
         assert [m["role"] for m in r["messages"]] == ["user", "assistant"] and r["messages"][1][
@@ -192,7 +205,7 @@ def test_regenerate_reads_the_prompts(target, files, tmp_path):
     out = str(tmp_path / "train.jsonl")
     rcfg = RegenConfig(target="tiny", data=cfg.out, out=out, max_new_tokens=8, batch_size=4)
     report = regenerate(model, tok, read(cfg.out), rcfg, progress=False)
-    assert report.written == 8 and report.no_assistant == 0
+    assert report.written == 8 and report.skipped == {"no_assistant": 0, "too_long": 0}
     prompts = read(cfg.out)
     rows = read(out)
     assert sorted(r["source_index"] for r in rows) == list(range(8))

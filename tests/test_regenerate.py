@@ -131,7 +131,7 @@ def test_text_rows_keep_the_prompt_and_continue_with_the_target(target, tmp_path
     data = write_jsonl(tmp_path / "in.jsonl", TEXT_ROWS)
     c = cfg(tmp_path, data)
     report = regenerate(model, tok, datasets.Dataset.from_list(TEXT_ROWS), c, progress=False)
-    assert (report.rows, report.written, report.done_before, report.no_assistant) == (7, 7, 0, 0)
+    assert (report.rows, report.written, report.done_before, report.skipped["no_assistant"]) == (7, 7, 0, 0)
     rows = read_rows(c.out)
     assert sorted(rows) == list(range(7))
     n_new = 0
@@ -162,7 +162,7 @@ def test_chat_rows_regenerate_every_assistant_turn_in_order(target, tmp_path, fm
     data = write_jsonl(tmp_path / "in.jsonl", rows)
     c = cfg(tmp_path, data, max_new_tokens=5, limit=None)
     report = run_with(target, c)
-    assert (report.written, report.no_assistant, report.skipped_rows) == (3, 1, [2])
+    assert (report.written, report.skipped["no_assistant"], report.skipped_rows) == (3, 1, [2])
     assert "no assistant turn" in caplog.text
     out = read_rows(c.out)
     assert sorted(out) == [0, 1, 3]
@@ -280,7 +280,7 @@ def test_chat_prompt_longer_than_the_context_is_skipped_and_counted(target, tmp_
     long = [{"role": "user", "content": "import os\n" * 40}, {"role": "assistant", "content": "ok"}]
     data = write_jsonl(tmp_path / "in.jsonl", [{"messages": CONVS[1]}, {"messages": long}])
     report = run_with(target, cfg(tmp_path, data))
-    assert (report.written, report.too_long, report.skipped_rows) == (1, 1, [1])
+    assert (report.written, report.skipped["too_long"], report.skipped_rows) == (1, 1, [1])
     assert "exceed the target's context of 96 tokens" in caplog.text and "1 rows" in report.summary()
     assert sorted(read_rows(tmp_path / "out.jsonl")) == [0]
 
@@ -312,6 +312,8 @@ def test_cli(target_dir, tmp_path, capsys):
     assert sorted(read_rows(out)) == list(range(5))
     cli.main([*args, "--prompt-tokens", "6", "--device", "cpu"])  # a larger limit continues the file
     assert sorted(read_rows(out)) == list(range(7))
-    assert "2 rows written this run, 5 already there" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "2 rows written this run, 5 already there" in printed
+    assert json.loads(printed.splitlines()[-1])["skipped"] == {"no_assistant": 0, "too_long": 0}
     with pytest.raises(SystemExit, match="error: .*nope.jsonl: no such file or directory"):
         cli.main(["--target", target_dir, "--data", str(tmp_path / "nope.jsonl"), "--out", out])

@@ -34,15 +34,18 @@ import random
 import re
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from heads.config import option
 from heads.io import atomic_text, check_settings
 from train.code_prompts import code_prompts, code_request, source_roots
 from train.regen_generate import eos_ids, generate_batch
+from train.regenerate import RunReport, TargetOptions, load_target_and_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -52,28 +55,26 @@ SAMPLES_SUFFIX = ".samples"  # not a data suffix: a directory of outputs still l
 
 
 @dataclass
-class PromptsConfig:
-    """What to write. Options of ``scripts/make_prompts.py`` (see the module docstring)."""
+class PromptsConfig(TargetOptions):
+    """What to write. Options of ``scripts/make_prompts.py`` (see the module docstring); the target's
+    are `TargetOptions`."""
 
-    target: str = field(metadata={"help": "Hub id, local model dir, or demo / demo-tiny"})
-    out: str = field(metadata={"help": "output JSONL of prompt rows (then: regenerate_data.py --data OUT)"})
-    n: int = field(default=2000, metadata={"help": "prompts in all"})
-    code_fraction: float = field(
-        default=0.3, metadata={"help": "share of code prompts from installed sources"}
+    out: str = option(help="output JSONL of prompt rows (then: regenerate_data.py --data OUT)")
+    # What changes the sampled turns (`settings`, with target and dtype: checked on resume): the prefix
+    # they are sampled after, and how.
+    system: str | None = option(None, help="system prompt (default: the template's own)")
+    seed: int = option(0, help="sampling and shuffling seed")
+    temperature: float = option(1.0, help="user-turn sampling temperature")
+    top_p: float = option(1.0, help="nucleus sampling: 1.0 = off")
+    max_tokens: int = option(256, help="longest user turn; longer ones are dropped")
+    batch_size: int = option(32, help="user turns sampled per generate call")
+    # What only selects from the samples, so it may change between runs.
+    n: int = option(2000, help="prompts in all")
+    code_fraction: float = option(0.3, help="share of code prompts from installed sources")
+    min_tokens: int = option(8, help="shortest user turn kept, in tokens")
+    max_samples: int | None = option(
+        None, help="give up after this many sampled turns (default: 20 x chat prompts)"
     )
-    seed: int = field(default=0, metadata={"help": "sampling and shuffling seed"})
-    temperature: float = field(default=1.0, metadata={"help": "user-turn sampling temperature"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: 1.0 = off"})
-    min_tokens: int = field(default=8, metadata={"help": "shortest user turn kept, in tokens"})
-    max_tokens: int = field(default=256, metadata={"help": "longest user turn; longer ones are dropped"})
-    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
-    batch_size: int = field(default=32, metadata={"help": "user turns sampled per generate call"})
-    max_samples: int | None = field(
-        default=None, metadata={"help": "give up after this many sampled turns (default: 20 x chat prompts)"}
-    )
-    dtype: str = field(default="auto", metadata={"help": "auto | fast | bf16 | fp16 | fp32"})
-    device: str | None = field(default=None, metadata={"help": "default: cuda if available, else cpu"})
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
 
     def __post_init__(self) -> None:
         if not self.out:
@@ -105,25 +106,28 @@ class PromptsConfig:
         return {k: getattr(self, k) for k in keep}
 
 
-@dataclass
-class PromptsReport:
-    out: str
+# Why a sampled turn is dropped, in the order the filters are tried (see the module docstring).
+DROP_REASONS = ("unfinished", "too_short", "duplicate", "near_duplicate")
+
+
+@dataclass(kw_only=True)
+class PromptsReport(RunReport):
+    """What a prompt-writing run did. ``sampled``: user turns sampled in all (``sampled_before`` of them
+    by earlier runs); ``dropped``: sampled turns the filters dropped, by reason (`DROP_REASONS`, every
+    reason present)."""
+
     chat: int = 0
     code: int = 0
     sampled: int = 0
     sampled_before: int = 0
-    unfinished: int = 0
-    too_short: int = 0
-    duplicate: int = 0
-    near_duplicate: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
+    dropped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(DROP_REASONS, 0)))
 
     def summary(self) -> str:
+        d = self.dropped
         return (
             f"{self.out}: {self.chat} chat + {self.code} code prompts; {self.sampled} user turns sampled "
-            f"({self.sampled_before} before this run), dropped {self.unfinished} unfinished, {self.too_short} "
-            f"too short, {self.duplicate} duplicates, {self.near_duplicate} near-duplicates; "
+            f"({self.sampled_before} before this run), dropped {d['unfinished']} unfinished, "
+            f"{d['too_short']} too short, {d['duplicate']} duplicates, {d['near_duplicate']} near-duplicates; "
             f"{self.new_tokens} new tokens in {self.seconds:.0f} s"
         )
 
@@ -182,17 +186,24 @@ class _Filter:
         self.exact: set[str] = set()
         self.near: set[str] = set()
 
-    def add(self, sample: dict, origin: str) -> None:
-        text, r = sample["text"], self.report
+    def drop_reason(self, sample: dict) -> str | None:
+        """The first of `DROP_REASONS` that ``sample`` fails, or None to keep it."""
+        text = sample["text"]
         if not sample["finished"]:
-            r.unfinished += 1
-        elif sample["tokens"] < self.cfg.min_tokens or not text:
-            r.too_short += 1
-        elif text in self.exact:
-            r.duplicate += 1
-        elif near_key(text) in self.near:
-            r.near_duplicate += 1
+            return "unfinished"
+        if sample["tokens"] < self.cfg.min_tokens or not text:
+            return "too_short"
+        if text in self.exact:
+            return "duplicate"
+        if near_key(text) in self.near:
+            return "near_duplicate"
+        return None
+
+    def add(self, sample: dict, origin: str) -> None:
+        if reason := self.drop_reason(sample):
+            self.report.dropped[reason] += 1
         else:
+            text = sample["text"]
             self.exact.add(text)
             self.near.add(near_key(text))
             self.kept.append((text, origin))
@@ -343,8 +354,6 @@ def make_prompts(
 def cli(cfg: PromptsConfig) -> PromptsReport:
     """``scripts/make_prompts.py``: load the target, write the prompts, print the summary and the report as
     JSON; an input problem ends in one ``error: ...`` line."""
-    from train.regenerate import load_target_and_tokenizer
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -356,5 +365,5 @@ def cli(cfg: PromptsConfig) -> PromptsReport:
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     print(report.summary())
-    print(json.dumps(asdict(report)))
+    print(json.dumps(report.as_dict()))
     return report

@@ -200,7 +200,7 @@ def regen_chat(
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if ctx is not None and len(ids) + cfg.max_new_tokens > ctx:
                 c.skipped = True
-                report.too_long += 1
+                report.skipped["too_long"] += 1
                 report.skipped_rows.append(c.index)
             prompts.append(ids)
         keep = [(c, p) for c, p in zip(live, prompts, strict=True) if not c.skipped]

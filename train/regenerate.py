@@ -47,8 +47,9 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +58,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from heads import targets
+from heads.config import option
 from heads.graft import load_target
 from heads.io import check_settings
 from train.data import DataError, _load, detect_format
@@ -76,11 +78,27 @@ logger = logging.getLogger(__name__)
 INDEX_KEY = "source_index"
 
 
+@dataclass(kw_only=True)
+class TargetOptions:
+    """The target a data-writing script samples from (`load_target_and_tokenizer`) and its torch threads:
+    the options ``scripts/regenerate_data.py`` and ``scripts/make_prompts.py`` share. Keyword-only, so a
+    subclass may add fields without defaults."""
+
+    target: str = option(
+        help="Hub id, local model dir, .gguf file, or demo / demo-tiny / smollm2-135m-instruct"
+    )
+    dtype: str = option(
+        "auto", help="auto (as stored) | fast (bf16 where native, else fp32) | bf16 | fp16 | fp32"
+    )
+    device: str | None = option(None, help="default: cuda if available, else cpu")
+    threads: int | None = option(None, help="torch CPU threads (default: torch's)")
+
+
 @dataclass
-class RegenConfig:
+class RegenConfig(TargetOptions):
     """What to regenerate and how.
 
-    target: a Hub id, a local model directory, or demo / demo-tiny (the built-in demo target).
+    target: a Hub id, a local model directory, a .gguf file, or a built-in name (`TargetOptions`).
     data: a local .json/.jsonl/.parquet file or directory, a Hub dataset id, or demo / demo-tiny
         (the demo head-training data; ``split`` then picks train | eval | prompts, or train-chat |
         eval-chat: the train / eval chunks as chat conversations, `demo.ensure_demo_chat_data`).
@@ -88,11 +106,11 @@ class RegenConfig:
     split: the split of a Hub dataset (or the demo file, see ``data``).
     format: auto | text | sharegpt | messages (as in `train.data.DataConfig`).
     temperature: 0 = greedy; T > 0 samples from softmax(logits / T).
+    seed: sampling seed (unused when greedy).
     max_new_tokens: per generated turn or continuation.
-    batch_size: rows per ``generate`` call.
     prompt_tokens: ``text`` rows: how many leading tokens are kept as the prompt.
     limit: only the first ``limit`` input rows (None = all).
-    seed: sampling seed (unused when greedy).
+    batch_size: rows per ``generate`` call.
     dtype: the target's dtype: auto (as stored) | fast (bf16 where native, else fp32) | bf16 | fp16 | fp32.
     device: where the target runs (None: cuda if available, else cpu).
     threads: torch CPU threads for the run (None: torch's default); does not change the text.
@@ -100,34 +118,22 @@ class RegenConfig:
     `heads.config.load` / `heads.config.parse_cli` build it (``scripts/regenerate_data.py``'s flags).
     """
 
-    target: str = field(
-        metadata={"help": "Hub id, local model dir, .gguf file, or demo / demo-tiny / smollm2-135m-instruct"}
+    data: str = option(
+        help="local .jsonl/.json/.parquet file or directory, Hub dataset id, or demo / demo-tiny"
     )
-    data: str = field(
-        metadata={
-            "help": "local .jsonl/.json/.parquet file or directory, Hub dataset id, or demo / demo-tiny"
-        }
+    out: str = option(help="output JSONL (appended to; rerun to resume)")
+    split: str = option(
+        "train", help="Hub dataset split; for demo data: train | eval | prompts | train-chat | eval-chat"
     )
-    out: str = field(metadata={"help": "output JSONL (appended to; rerun to resume)"})
-    split: str = field(
-        default="train",
-        metadata={
-            "help": "Hub dataset split; for demo data: train | eval | prompts | train-chat | eval-chat"
-        },
-    )
-    format: str = field(default="auto", metadata={"help": "auto | text | sharegpt | messages"})
-    temperature: float = field(default=0.0, metadata={"help": "0 = greedy; T > 0 samples at T"})
-    max_new_tokens: int = field(default=256, metadata={"help": "per assistant turn / continuation"})
-    batch_size: int = field(default=16, metadata={"help": "rows per generate call"})
-    prompt_tokens: int = field(default=32, metadata={"help": "text rows: leading tokens kept as the prompt"})
-    limit: int | None = field(default=None, metadata={"help": "only the first N input rows"})
-    seed: int = field(default=0, metadata={"help": "sampling seed (temperature > 0)"})
-    dtype: str = field(
-        default="auto",
-        metadata={"help": "auto (as stored) | fast (bf16 where native, else fp32) | bf16 | fp16 | fp32"},
-    )
-    device: str | None = field(default=None, metadata={"help": "default: cuda if available, else cpu"})
-    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's)"})
+    # With target, data, split and dtype, what changes the text (`settings`: checked on resume).
+    format: str = option("auto", help="auto | text | sharegpt | messages")
+    temperature: float = option(0.0, help="0 = greedy; T > 0 samples at T")
+    seed: int = option(0, help="sampling seed (temperature > 0)")
+    max_new_tokens: int = option(256, help="per assistant turn / continuation")
+    prompt_tokens: int = option(32, help="text rows: leading tokens kept as the prompt")
+    # Which rows, and how many per generate call (not recorded).
+    limit: int | None = option(None, help="only the first N input rows")
+    batch_size: int = option(16, help="rows per generate call")
 
     def __post_init__(self) -> None:
         if not self.out:
@@ -163,21 +169,38 @@ class RegenConfig:
         return out
 
 
-@dataclass
-class RegenReport:
-    """What a run did. ``rows``: input rows considered (after ``limit``); ``done_before``: already in
-    the output when the run started; ``written``: rows this run appended; ``no_assistant`` and
-    ``too_long``: skipped rows (see the module docstring); ``new_tokens``: tokens generated."""
+# Why a row is not regenerated (see the module docstring): the report's key and the summary's words.
+SKIP_REASONS = {
+    "no_assistant": "rows with no assistant turn",
+    "too_long": "rows whose prompt + max_new_tokens exceed the target's context",
+}
+
+
+@dataclass(kw_only=True)
+class RunReport:
+    """What a data-writing run did: its output file ``out``, and ``new_tokens`` generated in ``seconds``."""
 
     out: str
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report for JSON: not `dataclasses.asdict`, which rebuilds a Counter from its (key, count)
+        items and so counts those pairs."""
+        return dict(vars(self))
+
+
+@dataclass(kw_only=True)
+class RegenReport(RunReport):
+    """What a regenerating run did. ``rows``: input rows considered (after ``limit``); ``done_before``:
+    already in the output when the run started; ``written``: rows this run appended; ``skipped``: rows
+    not regenerated, by reason (`SKIP_REASONS`, every reason present), ``skipped_rows`` their indices."""
+
     format: str
     rows: int = 0
     done_before: int = 0
     written: int = 0
-    no_assistant: int = 0
-    too_long: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
+    skipped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(SKIP_REASONS, 0)))
     skipped_rows: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -185,12 +208,7 @@ class RegenReport:
             f"{self.out}: {self.written} rows written this run, {self.done_before} already there, "
             f"{self.rows} input rows ({self.format}); {self.new_tokens} new tokens in {self.seconds:.0f} s"
         ]
-        if self.no_assistant:
-            parts.append(f"skipped {self.no_assistant} rows with no assistant turn")
-        if self.too_long:
-            parts.append(
-                f"skipped {self.too_long} rows whose prompt + max_new_tokens exceed the target's context"
-            )
+        parts += [f"skipped {n} {SKIP_REASONS[why]}" for why, n in self.skipped.items() if n]
         return "; ".join(parts)
 
 
@@ -302,7 +320,7 @@ def regenerate(
     done = read_done(cfg.out)
     check_settings(cfg.out, cfg.settings(), fresh=not done)
     report = RegenReport(out=cfg.out, format=fmt, rows=n, done_before=sum(i < n for i in done))
-    report.no_assistant, report.skipped_rows = len(skip), sorted(skip)
+    report.skipped["no_assistant"], report.skipped_rows = len(skip), sorted(skip)
     if skip:
         logger.warning("%s: skipping %d of %d rows with no assistant turn", label, len(skip), n)
     # A plan fixed by all the rows (not the pending ones): a resumed run batches the remaining rows as an
@@ -335,11 +353,11 @@ def regenerate(
                 on_batch(k, len(out_rows))
     bar.close()
     report.seconds = time.perf_counter() - t0
-    if report.too_long:
+    if report.skipped["too_long"]:
         logger.warning(
             "%s: skipped %d rows whose prompt + max_new_tokens exceed the target's context of %s tokens",
             label,
-            report.too_long,
+            report.skipped["too_long"],
             ctx,
         )
     return report
@@ -359,7 +377,7 @@ def resolve_data(cfg: RegenConfig) -> tuple[str, str]:
     return cfg.data, cfg.split
 
 
-def load_target_and_tokenizer(cfg: RegenConfig):
+def load_target_and_tokenizer(cfg: TargetOptions):
     """The frozen target (on ``cfg.device``) and its tokenizer; built-in names and GGUF files are built on
     first use (`heads.targets.resolve`)."""
     path = targets.resolve(cfg.target)
@@ -381,9 +399,7 @@ def run(cfg: RegenConfig, **kwargs) -> RegenReport:
 
 
 def report_dict(report: RegenReport) -> dict[str, Any]:
-    d = asdict(report)
-    d["skipped_rows"] = d["skipped_rows"][:20]
-    return d
+    return {**report.as_dict(), "skipped_rows": report.skipped_rows[:20]}
 
 
 def cli(cfg: RegenConfig) -> RegenReport:
