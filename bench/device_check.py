@@ -1,4 +1,4 @@
-"""The device check (``scripts/gpu_check.py``, issue 15): tree-verify cost, host syncs and greedy identity
+"""The device check (``scripts/gpu_check.py``): tree-verify cost, host syncs and greedy identity
 on a Llama-style target of about 1B parameters built from its config (random weights: kernel timing does
 not depend on them), in at most ~8 minutes on one GPU.
 
