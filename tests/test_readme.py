@@ -3,7 +3,8 @@ and ``key=value`` overrides are accepted by the script's own parser and the proj
 
 Nothing runs: a ``scripts/*.py`` command is executed up to its `heads.config.parse_cli` call (every script
 parses its options there), which parses the given argv, loads ``--config`` and applies the overrides, and
-is then stopped. A training command (``python train/train_heads.py``, ``accelerate launch ...`` or
+is then stopped. An ``experiments/*.py`` command (the measurement drivers that docs/experiments.md cites;
+their commands stand in the results/ folders' READMEs) is executed up to its argparse ``parse_args``. A training command (``python train/train_heads.py``, ``accelerate launch ...`` or
 ``python -m train.launch ...``) has its launcher arguments parsed by accelerate's own launch parser, then
 the script's by `train.train_heads.parse_args`, and its config loaded with `train.config.load_config`,
 which refuses unknown keys and bad values. The README's two set-up commands are CI's own (tests/test_repo.py).
@@ -11,6 +12,7 @@ which refuses unknown keys and bad values. The README's two set-up commands are 
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -92,6 +94,22 @@ class _Parsed(Exception):
     """Raised by the stand-in for `heads.config.parse_cli` once the script's options are parsed."""
 
 
+def _run_until_parsed(script: str, args: list[str], capsys, parser: str) -> object:
+    """Run ``script`` as ``__main__`` with ``args`` until its ``parser`` (already swapped for one that
+    raises `_Parsed`) has parsed them; return what it parsed."""
+    argv, path = sys.argv, list(sys.path)
+    try:
+        sys.argv = [script, *args]
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    except _Parsed as done:
+        return done.args[0]
+    except SystemExit as e:
+        pytest.fail(f"{script} {shlex.join(args)}: exit {e.code}: {capsys.readouterr().err.strip()}")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    pytest.fail(f"{script} ran without parsing its options through {parser}")
+
+
 def parse_script(script: str, args: list[str], capsys) -> object:
     """Run ``script`` as ``__main__`` up to its `parse_cli` call and return the options it parsed."""
     real = heads.config.parse_cli
@@ -100,21 +118,25 @@ def parse_script(script: str, args: list[str], capsys) -> object:
         raise _Parsed(real(*a, **k))
 
     bound = [m for m in list(sys.modules.values()) if getattr(m, "parse_cli", None) is real]
-    argv = sys.argv
     try:
         for m in bound:
             m.parse_cli = parse_then_stop
-        sys.argv = [script, *args]
-        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    except _Parsed as done:
-        return done.args[0]
-    except SystemExit as e:
-        pytest.fail(f"{script} {shlex.join(args)}: exit {e.code}: {capsys.readouterr().err.strip()}")
+        return _run_until_parsed(script, args, capsys, "heads.config.parse_cli")
     finally:
-        sys.argv = argv
         for m in bound:
             m.parse_cli = real
-    pytest.fail(f"{script} ran without parsing its options through heads.config.parse_cli")
+
+
+def parse_experiment(script: str, args: list[str], capsys, monkeypatch) -> argparse.Namespace:
+    """Run an ``experiments/`` driver as ``__main__`` up to its argparse ``parse_args`` call and return the
+    namespace it parsed (the drivers are plain argparse command lines)."""
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, *a, **k):
+        raise _Parsed(real(self, *a, **k))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    return _run_until_parsed(script, args, capsys, "argparse")
 
 
 def parse_training(args: list[str], capsys) -> None:
@@ -169,10 +191,54 @@ def test_documented_command_parses(doc, argv, capsys, monkeypatch):
     assert os.path.isfile(os.path.join(ROOT, script)), f"{doc}: {script} does not exist"
     if script == TRAIN:
         return parse_training(args, capsys)
-    if not script.startswith("scripts/"):
-        return  # a results/ experiment script: its existence is what the docs promise
+    if script.startswith("experiments/"):
+        return parse_experiment(script, args, capsys, monkeypatch)
     _config_exists(args)
     parse_script(script, args, capsys)
+
+
+EXPERIMENTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "experiments", "*.py")))
+RESULTS_READMES = sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "results", "*", "README.md"))
+)
+
+
+def experiment_commands() -> list[tuple[str, list[str]]]:
+    """Every ``python experiments/NAME.py ARGS`` in the results/ folders' READMEs (indented blocks and inline
+    code, continuation lines joined), as argv after ``python``, cut before a ``>`` redirection."""
+    found = []
+    for rel in RESULTS_READMES:
+        text = _read(rel).replace("\\\n", " ")
+        for m in re.finditer(r"\bpython3? (experiments/\S+\.py)([^`\n]*)", text):
+            args = shlex.split(m.group(2))
+            found.append((rel, [m.group(1), *args[: args.index(">") if ">" in args else None]]))
+    return found
+
+
+EXPERIMENT_COMMANDS = experiment_commands()
+
+
+def test_every_experiment_is_cited_and_has_a_checked_command():
+    """experiments/ keeps a driver because docs/experiments.md cites it, and a results/ README gives its
+    command (checked below); every experiments/ path the table names exists."""
+    table = _read("docs/experiments.md")
+    named = set(re.findall(r"experiments/\w+\.py", table))
+    assert EXPERIMENTS, "no experiments/*.py found"
+    assert named == set(EXPERIMENTS), (
+        f"docs/experiments.md names {sorted(named)}, experiments/ has {EXPERIMENTS}"
+    )
+    commanded = {argv[0] for _, argv in EXPERIMENT_COMMANDS}
+    assert commanded == set(EXPERIMENTS), f"results/*/README.md give commands for {sorted(commanded)}"
+
+
+@pytest.mark.parametrize(
+    "readme, argv", EXPERIMENT_COMMANDS, ids=[f"{rel}:{argv[0]}" for rel, argv in EXPERIMENT_COMMANDS]
+)
+def test_experiment_command_parses(readme, argv, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert os.path.isfile(os.path.join(ROOT, argv[0])), f"{readme}: {argv[0]} does not exist"
+    parse_experiment(argv[0], argv[1:], capsys, monkeypatch)
 
 
 def test_step_by_step_is_the_first_setup_command():

@@ -67,7 +67,7 @@ def batch_plan(keys: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)``, both [B, L]: the prompts left-padded to the longest, mask 0 on padding."""
     L = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
@@ -91,7 +91,7 @@ def generate_batch(
 ) -> list[list[int]]:
     """Continue each prompt with the target; returns the new tokens of each, eos excluded.
 
-    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (`_left_pad`), so
+    The prompts are left-padded into ``input_ids`` [B, L] with ``attention_mask`` [B, L] (`left_pad`), so
     every row's last real token sits at position L-1 and ``generate`` appends at L; transformers derives
     position ids from the mask, so a padded row decodes as it would alone. ``generate`` returns [B, L + n]; row b's continuation is ``[:, L:]`` cut before its first token in
     ``eos`` (rows that finished early keep computing, padded after their eos, until every row ends). One
@@ -100,7 +100,7 @@ def generate_batch(
     ``torch.manual_seed(seed)``.
     """
     device = next(model.parameters()).device
-    input_ids, attention_mask = _left_pad(prompts, pad_id)
+    input_ids, attention_mask = left_pad(prompts, pad_id)
     L = input_ids.shape[1]
     sample = temperature > 0
     # A fresh config for the call: model.generation_config's own sampling defaults (top_p, top_k,

@@ -1,9 +1,12 @@
-"""Greedy τ and accept-length histogram of EAGLE heads against the tree-score temperature and budget.
+"""Greedy EAGLE trees accept exactly 3 drafts on most steps: does scoring the tree's nodes at a lower
+temperature fix it? Greedy τ and the accepted-length histogram against the tree-score temperature and budget.
 
-    python results/eagle3-ablation/score_sweep.py --heads eagle1=DIR --heads eagle31=DIR --prompts 16 \\
-        --temps 1,0.7,0.5,0.3,0.1 --budgets 6/8/48,6/1/7,8/8/48,10/8/60 > score_sweep.md
+    python experiments/eagle3_score_sweep.py --heads eagle1=out/abl/eagle1 \\
+        --heads eagle1-lr4e-3=out/abl/e1-lr4e-3 --heads eagle31-lr4e-3=out/abl/e31-lr4e-3 --prompts 16 \\
+        --temps 1,0.5,0.3 --budgets 6/8/48,6/1/7,10/8/60 > results/eagle3-ablation/score_sweep.md
 
-A budget is depth/draft_top_k/total_tokens. The first ``--prompts`` rows of the demo's held-out code
+Feeds `results/eagle3-ablation/score_sweep.md` (the folder's README gives the heads and the answer). A
+budget is depth/draft_top_k/total_tokens. The first ``--prompts`` rows of the demo's held-out code
 prompts, 128 greedy tokens each, fp32, one thread. Every output is checked against target.generate.
 """
 
@@ -13,11 +16,16 @@ import argparse
 import collections
 import dataclasses
 import os
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the packages sit beside this folder
 
 import demo  # noqa: E402
 import infer  # noqa: E402
@@ -25,7 +33,7 @@ from infer.prompts import read_prompts  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--heads", action="append", required=True, help="LABEL=DIR")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--temps", default="1,0.5")

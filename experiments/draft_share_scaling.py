@@ -1,7 +1,8 @@
-"""What one speculative step costs against one plain decode step, as the target grows.
+"""What keeps EAGLE's efficiency under 0.7 as the target grows: what does one speculative step cost against one
+plain decode step, and what share of it is the draft?
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD HF_HUB_OFFLINE=1 python results/draft-share-scaling/run.py \
-        [--shapes demo small 0.5b 1b] [--new-tokens 32] [--repeats 3] [--threads 1] [--out DIR]
+    OMP_NUM_THREADS=1 python experiments/draft_share_scaling.py --repeats 3 --new-tokens 32 \\
+        [--shapes demo small 0.5b 1b] [--threads 1] [--out results/draft-share-scaling]
 
 Efficiency (speedup / τ) does not depend on the weights: with ``s`` decode steps for ``n`` tokens,
 τ = n / s, speedup = t_plain / t_spec, so speedup / τ = (t_plain / n) / (t_spec / s) = the time of one
@@ -15,7 +16,8 @@ more slowly than in a real run (random heads have τ about 1), which favours nei
 Per shape: random Llama target (bf16 where the CPU has native bf16, else fp32), random EAGLE-3.1 heads
 (fc_norm + norm_output, the recipe's draft vocabulary size) and P-EAGLE heads (4 depths in one forward),
 ``target.generate`` and ``infer.generate(timing=True)`` interleaved, each repeated; medians. Writes
-``results.json`` and ``results.md`` to ``--out`` (default: this folder).
+``results.json`` and ``results.md`` to ``--out`` (default: `results/draft-share-scaling/`, whose README
+gives the answer).
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # bench/ sits beside the packages
 
 import infer  # noqa: E402
 from bench.machine import machine_info  # noqa: E402
 from demo.precision import fast_precision  # noqa: E402
 from demo.spec import SPECS  # noqa: E402
-from heads.eagle3.module import Eagle3Head  # noqa: E402
+from heads import Eagle3Head  # noqa: E402
 from heads.io import atomic_text  # noqa: E402
 
 
@@ -121,12 +124,12 @@ def measure(name: str, new_tokens: int, repeats: int, dtype: torch.dtype) -> dic
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    p.add_argument("--out", default=os.path.join(ROOT, "results", "draft-share-scaling"))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     prec = fast_precision()
@@ -137,7 +140,7 @@ def main() -> None:
     lines = [
         "# One speculative step against one plain decode step, by target shape",
         "",
-        f"`{' '.join(['python', 'results/draft-share-scaling/run.py', *sys.argv[1:]])}` ({machine['summary']}; "
+        f"`{' '.join(['python', 'experiments/draft_share_scaling.py', *sys.argv[1:]])}` ({machine['summary']}; "
         f"{dtype_name}: {why}); random weights, 128-token prompt, {a.new_tokens} new tokens, median of "
         f"{a.repeats} interleaved repeats; EAGLE trees: the library's defaults.",
         "",

@@ -1,9 +1,10 @@
-"""EAGLE-1/2 with and without a reduced draft vocabulary (d2t): draft cost per step and tokens/s.
+"""Does a reduced draft vocabulary (d2t) make EAGLE-1/2 cheaper per step at the same τ?
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python results/d2t/measure.py --target demo \
-        --full out/demo-eagle --reduced out/demo-eagle-d2t [more reduced heads ...] --json results/d2t/demo.json
+    OMP_NUM_THREADS=1 python experiments/d2t_cost.py --target demo --full out/d2t/demo-full \\
+        --reduced out/d2t/demo-d2t [more reduced heads ...] --json results/d2t/demo.json
 
-Three measurements, one process, one torch thread, fp32:
+Feeds `results/d2t/` (its README has the training commands of the heads and the answer). Three
+measurements, one process, one torch thread, fp32:
 
 1. ``head``: the draft's lm_head + log_softmax + top-k of one tree depth (the frontier, [1, K, H] ->
    top-K of [1, K, V or Vd]), the fastest-of-interleaved-repeats timing of `infer.cost.timings`;
@@ -12,7 +13,7 @@ Three measurements, one process, one torch thread, fp32:
    demo's held-out prompts, greedy; τ, speedup, efficiency, greedy identity).
 3. ``split``: `bench.profile.split_table` (ms per decode step in draft / verify / ...).
 
-Both heads run the same tree (their config's defaults unless --depth/--top-k/--total are given).
+Both heads run the same tree (their config's defaults). Writes the JSON given by ``--json``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ import argparse
 import json
 import os
 import statistics
+import sys
 
 import torch
 
-from bench.profile import ProfileOptions, setup, speed, split_table
-from heads.io import atomic_text
-from infer.cost import timings
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # bench/ sits beside the packages
+
+from bench.machine import machine_info  # noqa: E402
+from bench.profile import ProfileOptions, setup, speed, split_table  # noqa: E402
+from heads.io import atomic_text  # noqa: E402
+from infer.cost import timings  # noqa: E402
 
 
 def head_cost(model, K: int, repeats: int = 200) -> dict:
@@ -53,7 +60,7 @@ def head_cost(model, K: int, repeats: int = 200) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="demo")
     p.add_argument("--full", required=True)
     p.add_argument("--reduced", required=True, nargs="+", help="one or more reduced-vocab heads dirs")
@@ -87,7 +94,7 @@ def main() -> None:
         )
     results = {
         "args": vars(a),
-        "machine": "2 shared CPU cores (4 other jobs on them), 1 torch thread, fp32",
+        "machine": machine_info(torch.device("cpu"))["summary"] + ", fp32",
         "head_cost_K8": cost,
         "speed": speed(o, s),
         "split": split_table(s),
