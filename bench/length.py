@@ -251,7 +251,7 @@ def bench_length(opts: BenchLengthOptions, argv: list[str]) -> dict:
     long = torch.cat(texts)[: ctx // 2]
     prompts = {"short": texts[0][: opts.short_prompt][None], "long": long[None]}
     cells = measure(opts, target, specs, prompts)
-    for c in cells:  # the done-when: speedup near the end of the context over that at 256 tokens
+    for c in cells:  # does the speedup hold to the context's end? (its ratio to the speedup at 256 tokens)
         end = max(c["speedup"])
         c["end_over_256"] = (
             c["speedup"][end] / c["speedup"][256] if 256 in c["speedup"] and end > 256 else None
