@@ -8,6 +8,8 @@ their commands stand in the results/ folders' READMEs) is executed up to its arg
 ``python -m train.launch ...``) has its launcher arguments parsed by accelerate's own launch parser, then
 the script's by `train.train_heads.parse_args`, and its config loaded with `train.config.load_config`,
 which refuses unknown keys and bad values. The README's two set-up commands are CI's own (tests/test_repo.py).
+The README's Llama-3.1-8B commands, serving included, are configs/llama-3.1-8b-eagle3.yaml's header, which
+tests/test_recipes.py parses and runs through the engines.
 """
 
 from __future__ import annotations
@@ -263,3 +265,30 @@ def test_vllm_speculative_configs_are_json_with_the_documented_keys():
         assert spec["method"] in {"eagle", "eagle3", "medusa"} and isinstance(
             spec["num_speculative_tokens"], int
         )
+
+
+def _normalised(argv: list[str]) -> list[str]:
+    """argv with a ``--speculative-config`` JSON value in one spelling (key order and spaces aside)."""
+    out = list(argv)
+    if "--speculative-config" in out:
+        i = out.index("--speculative-config") + 1
+        out[i] = json.dumps(json.loads(out[i]), sort_keys=True)
+    return out
+
+
+def test_readme_llama_path_is_the_recipe_header():
+    """The README's Llama-3.1-8B path (data, training, export, ``vllm serve``, SGLang's launch) is the
+    commands of configs/llama-3.1-8b-eagle3.yaml's header, which tests/test_recipes.py parses and runs at
+    tiny scale through both engines' own parsers and loaders."""
+    from test_recipes import header_commands
+
+    header = [_normalised(c) for c in header_commands("llama-3.1-8b-eagle3")]
+    shown = [
+        _normalised(argv)
+        for rel, argv in documented_commands()
+        if rel == "README.md" and any("llama-3.1-8b" in a.lower() for a in argv)
+    ]
+    assert {a[0] for a in shown} >= {"python", "accelerate", "vllm"}, shown
+    assert any(a[1:3] == ["-m", "sglang.launch_server"] for a in shown), shown
+    missing = [shlex.join(a) for a in shown if a not in header]
+    assert not missing, f"README commands not in the recipe header: {missing}"
