@@ -17,6 +17,9 @@ What an entry carries:
   `infer` keeps the name -> class table.
 - ``tree``: what a tuned inference setting holds for these heads: ``"static"`` (rank paths) or
   ``"dynamic"`` (an EAGLE-2 budget: total_tokens, depth, draft_top_k).
+- ``draft_defaults``: ``fn(config) -> dict`` of `infer.InferSettings` fields that depend on the heads'
+  config (P-EAGLE heads draft their K depths: ``{"depth": K}``), under any settings saved with the heads;
+  None: the library's defaults.
 - ``exports``: export format name -> `ExportFormat` (the mapping to an engine's layout; `heads.convert`).
 - ``export_notes``: format name -> why this head type does not export to it (said in the refusal).
 - ``unserved``: (target ``model_type``, format name) -> why no engine serves this head type's export
@@ -144,6 +147,7 @@ class HeadType:
     tags: tuple[str, ...] = ()
     predicts: Callable[[int], str] | None = None
     joint_training: bool = False
+    draft_defaults: Callable[[Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.tree not in ("static", "dynamic"):

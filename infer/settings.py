@@ -170,12 +170,10 @@ DEFAULTS = InferSettings()  # the library's defaults, for signatures elsewhere i
 
 
 def heads_defaults(config) -> dict[str, Any]:
-    """The defaults that depend on the heads, under any saved settings: P-EAGLE heads
-    (``parallel_draft`` = K) draft depth K. Their one draft forward computes all K depths whatever
-    ``depth`` is, so the EAGLE-2 default of 6 would only throw the deeper ones away (measured on the
-    demo target: K = 8 heads at depth 8 reach τ +0.75 / +0.88 and 1.08-1.10x the tokens/s of depth 6)."""
-    K = int(getattr(config, "parallel_draft", 0) or 0)
-    return {"depth": K} if K else {}
+    """The defaults that depend on the heads, under any saved settings: their registry entry's
+    ``draft_defaults`` (`heads.registry.HeadType`; e.g. P-EAGLE heads draft their K depths)."""
+    fn = registry.get(config.head_type).draft_defaults
+    return dict(fn(config)) if fn is not None else {}
 
 
 def draft_vocab(config) -> int:

@@ -97,9 +97,17 @@ UNSERVED = {
     ("gemma3_text", "vllm"): _NO_EAGLE3.format("Gemma3ForCausalLM"),
 }
 
+
 def _proposer(config: Eagle3Config) -> str:
     """Heads trained for parallel drafting (``parallel_draft`` K > 0) draft all depths in one forward."""
     return "parallel" if getattr(config, "parallel_draft", 0) else "eagle"
+
+
+def _draft_defaults(config: Eagle3Config) -> dict[str, int]:
+    """P-EAGLE heads (``parallel_draft`` = K) draft depth K. Their one draft forward computes all K depths
+    whatever ``depth`` is, so the EAGLE-2 default of 6 would only throw the deeper ones away (measured on
+    the demo target: K = 8 heads at depth 8 reach τ +0.75 / +0.88 and 1.08-1.10x the tokens/s of depth 6)."""
+    return {"depth": config.parallel_draft} if config.parallel_draft else {}
 
 
 register(
@@ -117,6 +125,7 @@ register(
         unserved=UNSERVED,
         title="EAGLE-3",
         tags=("eagle", "eagle-3"),
+        draft_defaults=_draft_defaults,
     )
 )
 
