@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -109,6 +110,12 @@ def _exported(
             f"{kind} heads cannot be exported to {to!r} ({why}); supported for {kind}: {tuple(entry.exports)}"
         )
     cfg = heads.config.to_dict()
+    mt = str((cfg.get("target_config") or {}).get("model_type", ""))
+    why = entry.unserved.get((mt, to))
+    if why is not None:  # scripts/export_heads.py refuses it; the engine tests export it to see the refusal
+        warnings.warn(
+            f"no engine serves {kind} heads for a {mt!r} target exported to {to!r}: {why}", stacklevel=3
+        )
     state = {k: v.detach() for k, v in heads.state_dict().items()}
     lm = target_lm_head.detach() if target_lm_head is not None else None
     if lm is not None and tuple(lm.shape) != (cfg["vocab_size"], cfg["hidden_size"]):

@@ -798,11 +798,13 @@ def test_unserved_exports_are_the_pairs_the_engines_refuse():
     assert set(unserved()) == refused | aliased
 
 
-@pytest.mark.parametrize(
-    ("kind", "arch", "to"),
-    [("eagle", "gemma2", "vllm"), ("eagle", "gemma2", "sglang"), ("eagle3", "gemma2", "speculators"),
-     ("eagle3", "gemma2", "sglang"), ("eagle3", "gemma3_text", "vllm")],
-)  # fmt: skip
+UNSERVED_PAIRS = [
+    ("eagle", "gemma2", "vllm"), ("eagle", "gemma2", "sglang"), ("eagle3", "gemma2", "speculators"),
+    ("eagle3", "gemma2", "sglang"), ("eagle3", "gemma3_text", "vllm"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "arch", "to"), UNSERVED_PAIRS)
 def test_export_cli_refuses_pairs_no_engine_serves(tmp_path, monkeypatch, kind, arch, to):
     """Gemma-2 EAGLE / EAGLE-3 drafts (and Gemma-3 EAGLE-3 for vLLM): one line naming the engine class
     that lacks the hook, before the target is loaded or anything is written."""
@@ -817,6 +819,20 @@ def test_export_cli_refuses_pairs_no_engine_serves(tmp_path, monkeypatch, kind, 
         cli.main(["--heads", str(tmp_path / "heads"), "--to", to, "--out", str(tmp_path / "out")])
     assert "\n" not in str(e.value) and "ForCausalLM" in str(e.value)
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize(("kind", "arch", "to"), UNSERVED_PAIRS)
+def test_export_heads_warns_on_pairs_no_engine_serves(tmp_path, kind, arch, to):
+    """`heads.export_heads` (the Python API, which the engine tests use to show the engines refuse these
+    pairs) writes them, with a warning naming the engine class that lacks the hook."""
+    head = (
+        gemma_eagle(arch) if kind == "eagle" else Eagle3Head.for_target(target(arch), aux_layer_ids=[0, 2, 3])
+    )
+    with pytest.warns(
+        UserWarning, match=rf"no engine serves {kind} heads for a '{arch}' target .*ForCausalLM"
+    ):
+        paths = export_heads(head, str(tmp_path / "out"), to)
+    assert all(os.path.isfile(p) for p in paths)
 
 
 def test_export_cli_exports_gemma3_eagle3_for_sglang(tmp_path):

@@ -367,18 +367,21 @@ def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
 
 
 def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
+    """As for Medusa below, with a head trained on the target's own text (`test_eagle.trained_head`), so
+    that drafts are accepted and each candidate's τ depends on its budget and on every prompt."""
+    from test_eagle import target as eagle_target
+    from test_eagle import trained_head
+
     import infer
-    from heads.eagle import EagleHead
     from infer.tune_tree import refine_eagle, tune_eagle
 
-    target = tiny_model("llama")
-    torch.manual_seed(0)
-    model = infer.SpecModel(target, EagleHead.for_target(target).eval())
+    target = eagle_target("llama")
+    model = infer.SpecModel(target, trained_head("llama")[0].eval())
     prof = {"step_s": [0.01 + 0.001 * k for k in range(1, 65)]}
     draft = {2: 0.002, 6: 0.006}
     tree = tune_eagle(random_acc(1, depth=6), prof, draft, draft_top_k=3)
-    prompts = [torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(s)) for s in range(2)]
-    tree = refine_eagle(model, tree, prompts, prof, draft, max_new_tokens=8)
+    prompts = [torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(s)) for s in (100, 101)]
+    tree = refine_eagle(model, tree, prompts, prof, draft, max_new_tokens=24)
     cands = tree["tuning"]["refined"]["candidates"]
     # per depth: the static best and 32, 48, 64 (deduplicated); plus the default
     assert "default" in cands and 7 <= len(cands) <= 9
@@ -389,11 +392,13 @@ def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
     # every candidate's τ is infer.generate's with its budget, and the kept one has the best τ / cost
     rate = {}
     for name, c in cands.items():
-        tau = generate_tau(model, prompts, 8, **{k: c[k] for k in ("depth", "total_tokens", "draft_top_k")})
+        tau = generate_tau(model, prompts, 24, **{k: c[k] for k in ("depth", "total_tokens", "draft_top_k")})
         assert c["measured_accept_length"] == pytest.approx(tau, rel=1e-12), name
         rate[name] = tau / (prof["step_s"][c["total_tokens"] - 1] + draft[c["depth"]])
         assert c["expected_tokens_per_s"] == pytest.approx(rate[name])
     assert cands[max(rate, key=rate.get)] == best
+    taus = [c["measured_accept_length"] for c in cands.values()]
+    assert min(taus) > 1.4 and len(set(taus)) > 1, taus  # measured 1.59-2.0: drafts accepted, budgets differ
 
 
 def test_refine_medusa_picks_by_measured_tau(tmp_path, one_thread):
