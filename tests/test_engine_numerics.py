@@ -83,6 +83,7 @@ NUMERIC_CASES = [
     ("eagle31-llama-llama-vllm", "eagle31", "llama", "llama", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle3-llama-phi3-vllm", "eagle3", "llama", "phi3", "speculators", "vllm-0.33.0", "eagle3"),
     ("eagle31-target-qwen3-vllm", "eagle31", "target", "qwen3", "vllm", "vllm-0.33.0", "eagle3"),
+    ("eagle3-target-qwen3-vllm", "eagle3", "target", "qwen3", "vllm", "vllm-0.33.0", "eagle3"),
     ("eagle31-llama-llama-vllm032", "eagle31", "llama", "llama", "speculators", "vllm-0.32.0", "eagle3"),
     ("eagle-llama-llama-sglang", "eagle", "llama", "llama", "sglang", "sglang-0.5.23", "eagle"),
     ("eaglebias-llama-llama-sglang", "eaglebias", "llama", "llama", "sglang", "sglang-0.5.23", "eagle"),
