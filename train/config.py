@@ -41,7 +41,6 @@ from heads.eagle3.config import Eagle3Recipe
 from heads.medusa.config import MedusaRecipe
 from train.data import DataConfig
 
-DEMO_NAMES = targets.DEMO_NAMES
 DTYPES = ("auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")
