@@ -123,9 +123,9 @@ def head_tree_value(
 def sampling_warp(target: nn.Module, gc):
     """The warpers `infer.generate` (and ``target.generate``) sample with under ``gc``: the config resolved
     as `infer.arguments` resolves it, so transformers' global defaults (top-k 50) are included."""
-    from infer.arguments import _resolve, _warpers
+    from infer.arguments import resolve_generation_config, sampling_warpers
 
-    return _warpers(_resolve(target, gc, {}))
+    return sampling_warpers(resolve_generation_config(target, gc, {}))
 
 
 def _continuation(target: nn.Module, ids: Tensor, gc, seed: int) -> Tensor:

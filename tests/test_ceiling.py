@@ -24,7 +24,7 @@ from bench.ceiling import (
     summarise,
 )
 from heads import EagleHead, MedusaHeads, save_heads
-from infer.arguments import _warpers
+from infer.arguments import sampling_warpers
 from infer.runner import TreeRunner
 from infer.verify import accept_exact
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def warp_at(t: float, **kw):
     from transformers import GenerationConfig
 
-    return _warpers(GenerationConfig(do_sample=True, temperature=t, **kw))
+    return sampling_warpers(GenerationConfig(do_sample=True, temperature=t, **kw))
 
 
 def tree_at(arch: str, ids: torch.Tensor, temperature: float, **shape):
@@ -128,7 +128,7 @@ def test_head_tree_is_what_generate_verifies_and_best_tree_bounds_it():
     gc = GenerationConfig(do_sample=True, temperature=0.02, top_k=0, max_new_tokens=24, pad_token_id=0)
     props = {"trained": trained.proposer(), "fresh": fresh.proposer()}
     prompts = [self_generated(arch)[i : i + 1, :8] for i in (2, 3)]
-    r = measure_contexts(m, props, prompts, gc, _warpers(gc), stride=6, drafts=47, depth=6)
+    r = measure_contexts(m, props, prompts, gc, sampling_warpers(gc), stride=6, drafts=47, depth=6)
     assert r["contexts"] == [3, 3]
     for label, per_prompt in r["values"].items():  # the depths add up to the total, context by context
         flat = [sum(d) for p in r["depths"][label] for d in p]

@@ -42,15 +42,22 @@ def _recipe_keys(cfg: RunConfig) -> set[str]:
 
 
 T = "target.name_or_path=org/model"
+D = "data.path=org/data"
 
 
 def test_defaults():
-    with pytest.raises(ValueError, match="^target.name_or_path is not set: give it in the recipe"):
-        load_config()  # no default target: a recipe names its own
-    cfg = load_config(None, [T])
+    """No default target and no default data: a recipe names its own, and leaving either out is one line
+    naming the key."""
+    with pytest.raises(ValueError, match=r"^target.name_or_path is not set: give it in the recipe.*=\.\.\.$"):
+        load_config(None, [D])
+    with pytest.raises(
+        ValueError, match=r"^data.path is not set: give it in the recipe or as data.path=\.\.\.$"
+    ):
+        load_config(None, [T])
+    cfg = load_config(None, [T, D])
     assert isinstance(cfg, RunConfig)
     assert (cfg.train.lr, cfg.train.warmup_ratio, cfg.train.max_steps) == (1e-3, 0.1, -1)
-    assert cfg.data.path == "demo" and cfg.resume is None
+    assert cfg.data.path == "org/data" and cfg.resume is None
     assert cfg.heads.medusa is None and cfg.heads.block == MedusaRecipe()  # an unset block: its defaults
     assert cfg.heads.head_kwargs() == {"num_heads": 4, "num_layers": 1, "lm_head": "target", "decay": 0.8}
 
@@ -58,7 +65,7 @@ def test_defaults():
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(
-        "target:\n  name_or_path: org/m\ntrain:\n  lr: 2.0e-3\n  batch_size: 2\noutput_dir: out/a\n"
+        "target:\n  name_or_path: org/m\ndata:\n  path: org/d\ntrain:\n  lr: 2.0e-3\n  batch_size: 2\noutput_dir: out/a\n"
         "heads:\n  medusa:\n    num_heads: 2\n"
     )
     cfg = load_config(
@@ -72,7 +79,7 @@ def test_yaml_then_overrides(tmp_path):
 
 def test_to_yaml_round_trip(tmp_path):
     for extra in (["heads.medusa.num_heads=2"], ["heads.type=eagle3", "heads.eagle3.p_eagle.depths=4"]):
-        cfg = load_config(None, [T, "train.lr=3e-4", "data.max_examples=10", *extra])
+        cfg = load_config(None, [T, D, "train.lr=3e-4", "data.max_examples=10", *extra])
         path = tmp_path / "again.yaml"
         path.write_text(to_yaml(cfg))
         assert load_config(str(path)) == cfg
@@ -134,7 +141,7 @@ def test_to_yaml_round_trip(tmp_path):
 )
 def test_errors_name_the_key(overrides, error, message):
     with pytest.raises(error) as e:
-        load_config(None, [T, *overrides])
+        load_config(None, [T, D, *overrides])
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -165,14 +172,14 @@ def test_every_trainable_head_type_has_a_block():
 def test_eagle3_variant_and_p_eagle(variant):
     """``variant`` names EAGLE-3.1's two options and ``p_eagle.depths`` is P-EAGLE's parallel_draft: the
     head config they build is the one the flags built."""
-    cfg = load_config(None, [T, "heads.type=eagle3", f"heads.eagle3.variant={variant}"])
+    cfg = load_config(None, [T, D, "heads.type=eagle3", f"heads.eagle3.variant={variant}"])
     kwargs = cfg.heads.head_kwargs()
     assert Eagle3Config(**kwargs).variant == variant and kwargs["parallel_draft"] == 0
     assert (kwargs["fc_norm"], kwargs["norm_output"]) == VARIANTS[variant]
-    pe = load_config(None, [T, "heads.type=eagle3", "heads.eagle3.p_eagle.depths=6"]).heads.head_kwargs()
+    pe = load_config(None, [T, D, "heads.type=eagle3", "heads.eagle3.p_eagle.depths=6"]).heads.head_kwargs()
     assert pe["parallel_draft"] == 6 and Eagle3Config(**pe).unroll_steps == 6
     assert (
-        load_config(None, [T, "heads.type=eagle3", "heads.eagle3.p_eagle={}"]).heads.eagle3.p_eagle.depths
+        load_config(None, [T, D, "heads.type=eagle3", "heads.eagle3.p_eagle={}"]).heads.eagle3.p_eagle.depths
         == 8
     )
 
@@ -183,7 +190,7 @@ def test_registered_but_untrainable_head_type(monkeypatch):
     medusa = REGISTRY["medusa"]  # an entry without a training objective is registered, not trainable
     monkeypatch.setitem(REGISTRY, "other", types.SimpleNamespace(config=medusa.config, module=medusa.module))
     with pytest.raises(ValueError, match="training 'other' heads is not implemented yet"):
-        load_config(None, [T, "heads.type=other"])
+        load_config(None, [T, D, "heads.type=other"])
 
 
 def test_resolve_demo_names(monkeypatch):
@@ -261,13 +268,19 @@ def test_recipe_values():
         ("llama-3.1-8b-eagle", "meta-llama/Llama-3.1-8B-Instruct", None),
     ]:
         cfg = load_config(os.path.join(REPO, f"configs/{name}.yaml"))
-        assert (cfg.target.name_or_path, cfg.target.dtype, cfg.train.mixed_precision) == (model, "bf16", "bf16")
+        assert (cfg.target.name_or_path, cfg.target.dtype, cfg.train.mixed_precision) == (
+            model,
+            "bf16",
+            "bf16",
+        )
         assert cfg.data.format == "sharegpt" and cfg.output_dir == f"out/{name}"
         kwargs = cfg.heads.head_kwargs()
         if variant:
             assert Eagle3Config(**kwargs).variant == variant and kwargs["parallel_draft"] == 0
         else:
-            assert cfg.heads.type == "eagle" and kwargs["bias"] is False and kwargs["draft_vocab_size"] is None
+            assert (
+                cfg.heads.type == "eagle" and kwargs["bias"] is False and kwargs["draft_vocab_size"] is None
+            )
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -494,7 +494,10 @@ def test_training_pushes_from_the_main_process_only(tmp_path, fake_hub, monkeypa
 
     monkeypatch.setenv("HF_TOKEN", "hf_train")
     out = _make_heads("medusa", tiny_model("llama")).save_pretrained(str(tmp_path / "h"))
-    cfg = load_config(None, ["target.name_or_path=org/model", "push_to_hub=true", "hub_model_id=org/run"])
+    cfg = load_config(
+        None,
+        ["target.name_or_path=org/model", "data.path=org/data", "push_to_hub=true", "hub_model_id=org/run"],
+    )
     waits = []
     for is_main in (False, True):
         run = SimpleNamespace(is_main=is_main, cfg=cfg, print=print, step=3)
@@ -538,6 +541,7 @@ def test_hub_config_keys_are_validated():
         None,
         [
             "target.name_or_path=org/model",
+            "data.path=org/data",
             "push_to_hub=true",
             "hub_model_id=org/x",
             "hub_strategy=every_save",
@@ -550,11 +554,11 @@ def test_hub_config_keys_are_validated():
         "every_save",
     )
     with pytest.raises(ValueError, match="push_to_hub is true but hub_model_id is not set"):
-        load_config(None, ["target.name_or_path=org/model", "push_to_hub=true"])
+        load_config(None, ["target.name_or_path=org/model", "data.path=org/data", "push_to_hub=true"])
     with pytest.raises(ValueError, match="hub_strategy must be one of end, every_save; got 'always'"):
-        load_config(None, ["target.name_or_path=org/model", "hub_strategy=always"])
+        load_config(None, ["target.name_or_path=org/model", "data.path=org/data", "hub_strategy=always"])
     with pytest.raises(ValueError, match="hub_model_id 'org/a/b' is not a valid Hub repo id"):
-        load_config(None, ["target.name_or_path=org/model", "hub_model_id=org/a/b"])
+        load_config(None, ["target.name_or_path=org/model", "data.path=org/data", "hub_model_id=org/a/b"])
 
 
 def test_push_command_line_keeps_its_flags(tmp_path, capsys):

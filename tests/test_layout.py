@@ -1,10 +1,12 @@
-"""The repository's shape, read as text and syntax trees (nothing is imported but the registry, nothing runs).
+"""The repository's shape, read as text and syntax trees (nothing runs; the registry, and in a subprocess the
+packages' modules, are imported).
 
 - README.md fits in 20 KB; results/ in 5 MB, each folder with a README that gives the question, the
   command, the machine, the date and the answer, and each cited from docs/experiments.md.
 - Package files stay under 450 lines and their functions under 80.
 - Layers run one way (``train -> heads <- infer``), and of the packages' modules only the built-in name
-  resolver, ``heads/targets.py``, imports ``demo``.
+  resolver, ``heads/targets.py``, imports ``demo``: inside its functions, so importing heads, train and infer
+  leaves ``demo`` unloaded.
 - No code outside ``heads/<type>/`` and ``heads/registry.py`` compares a value with a head-type name: every
   other place asks the registry.
 """
@@ -15,6 +17,8 @@ import ast
 import glob
 import os
 import re
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("heads", "train", "infer", "demo")
@@ -110,6 +114,32 @@ def test_layers_run_one_way_and_one_module_imports_demo():
             demo_users.append(rel)
     assert not wrong, wrong
     assert demo_users == [os.path.join("heads", "targets.py")], demo_users
+
+
+def test_importing_heads_train_and_infer_leaves_demo_unloaded():
+    """Every module of heads, train and infer imports, in a fresh interpreter, without loading ``demo``
+    (heads/targets.py imports it only when it resolves a name or picks a precision); the demo names and the
+    ``fast`` precision heads/targets.py spells so are demo's own."""
+    modules = [
+        rel[: -len(".py")].replace(os.sep, ".").removesuffix(".__init__")
+        for rel in _py_files("heads", "train", "infer")
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'demo' or m.startswith('demo.')))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+    import demo
+    import demo.precision
+    from heads import targets
+
+    assert targets.DEMO_NAMES == tuple(demo.NAMES) and targets.FAST == demo.precision.FAST
 
 
 def _named_constants(node: ast.AST, names: set[str]) -> set[str]:

@@ -120,14 +120,14 @@ def test_backbone_terms_and_composition():
 )
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError) as e:
-        load_config(None, ["target.name_or_path=org/model", *overrides])
+        load_config(None, ["target.name_or_path=org/model", "data.path=org/data", *overrides])
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_refuses_zero3_and_an_adapted_target():
     from train.medusa2 import check_joint
 
-    cfg = load_config(None, ["target.name_or_path=org/model", "joint.enabled=true"])
+    cfg = load_config(None, ["target.name_or_path=org/model", "data.path=org/data", "joint.enabled=true"])
     with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3"):
         check_joint(cfg, types.SimpleNamespace(zero_stage=3))
     check_joint(cfg, types.SimpleNamespace(zero_stage=2))

@@ -329,6 +329,7 @@ def test_target_config_keys():
         None,
         [
             "target.name_or_path=org/model",
+            "data.path=org/data",
             "target.adapter=org/lora",
             "target.merge=true",
             "target.adapter_revision=v1",
@@ -336,7 +337,7 @@ def test_target_config_keys():
     )
     assert (cfg.target.adapter, cfg.target.merge, cfg.target.adapter_revision) == ("org/lora", True, "v1")
     with pytest.raises(ValueError, match="need target.adapter"):
-        load_config(None, ["target.name_or_path=org/model", "target.merge=true"])
+        load_config(None, ["target.name_or_path=org/model", "data.path=org/data", "target.merge=true"])
 
 
 # ------------------------------------------------------------------------------------------ training

@@ -503,7 +503,14 @@ def test_overwrite_and_resume_together_are_refused(tmp_path):
         ValueError, match="overwrite=true deletes the run in output_dir, resume='auto' continues it"
     ):
         load_config(
-            None, ["target.name_or_path=org/model", f"output_dir={tmp_path}", "overwrite=true", "resume=auto"]
+            None,
+            [
+                "target.name_or_path=org/model",
+                "data.path=org/data",
+                f"output_dir={tmp_path}",
+                "overwrite=true",
+                "resume=auto",
+            ],
         )
 
 

@@ -15,7 +15,7 @@ A run is described by one `RunConfig`:
 ``key=value`` overrides (``train.lr=1e-3 output_dir=out/x``), all through OmegaConf structured
 configs, so an unknown key or a value of the wrong type is an error that names the key. Every
 dataclass checks its values in ``__post_init__`` and raises ``ValueError`` with a helpful message.
-``target.name_or_path`` has no default: every recipe names its target.
+``target.name_or_path`` and ``data.path`` have no default: every recipe names its target and its data.
 
 The names ``demo`` and ``demo-tiny`` (target and data path) stand for the project's own small
 target and corpus, built locally and cached on first use (the `demo` package); `resolve_demo` turns them
@@ -41,7 +41,6 @@ from heads.eagle3.config import Eagle3Recipe
 from heads.medusa.config import MedusaRecipe
 from train.data import DataConfig
 
-DEMO_NAMES = targets.DEMO_NAMES
 DTYPES = ("auto", "fast", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 REPORT_TO = ("none", "wandb")

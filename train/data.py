@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import datasets
 import torch
+from omegaconf import MISSING
 
 # What other modules import from here: the row loaders and the chat rendering live in their own modules.
 from train.chat_mask import ROLES, _render, assistant_spans, chat_mask, end_ids, to_messages
@@ -71,8 +72,8 @@ _ACCEPTED = (
 class DataConfig:
     """Where the training data comes from and how it is cut.
 
-    path: a Hub dataset id, a local .json/.jsonl/.parquet file, or a directory of them (read in sorted
-        order; each file in its own format, so text and chat files can share a directory). "demo" is
+    path (required): a Hub dataset id, a local .json/.jsonl/.parquet file, or a directory of them (read in
+        sorted order; each file in its own format, so text and chat files can share a directory). "demo" is
         resolved by the training script before it gets here.
     eval_path: an optional separate held-out set (same kinds as ``path``); otherwise ``eval_fraction``
         of ``path`` is held out.
@@ -85,7 +86,7 @@ class DataConfig:
     num_proc: worker processes for tokenization (``datasets.map``).
     """
 
-    path: str = "demo"
+    path: str = MISSING
     eval_path: str | None = None
     split: str = "train"
     format: str = "auto"
