@@ -193,8 +193,7 @@ def _verdict(case: tuple, r: dict, expected: dict) -> tuple[bool, str]:
     if lo_hi and not (0 <= lo_hi[0] and lo_hi[1] < r["target_vocab"]):
         problems.append(f"vocab map {lo_hi} outside the target vocab {r['target_vocab']}")
     want31 = {"fc_norm": head == "eagle31", "norm_output": head == "eagle31"}
-    # rows merged from an older results file (`_selected`) predate the check: only eagle31's must have it
-    if head.startswith("eagle3") and (head == "eagle31" or "eagle31" in r) and r.get("eagle31") != want31:
+    if head.startswith("eagle3") and r.get("eagle31") != want31:
         problems.append(f"the engine's draft built {r.get('eagle31')}, the heads are {want31}")
     if r.get("fuse_rel_error") is not None and r["fuse_rel_error"] > 1e-5:
         problems.append(f"the draft's fused aux differs from selfspec's by {r['fuse_rel_error']:.2e} (relative)")
