@@ -172,13 +172,13 @@ def left_padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_compiled_greedy_identity_deep_accepts_no_recompile(arch, kind):
     """Batch 1, then batch 3: four generations each. Every output equals target.generate's (per row);
-    drafts are accepted (τ and the longest accepted run bounded below, on the prompts the heads were
-    fitted to); the first generation of each batch size compiled graphs and the second to fourth
+    drafts are accepted at each batch size (τ and the longest accepted run bounded below, on the prompts
+    the heads were fitted to); the first generation of each batch size compiled graphs and the second to fourth
     compiled nothing. The first batch generation stops two rows early by EOS (`staggered_eos`): a batch
     that shrinks to one row compiles its one-row graphs when that first happens (`infer.compiled`),
     which here is in that generation."""
     model, tree = spec(arch, kind)
-    taus, longest, compiled_per_gen = [], 0, []
+    taus, longest, compiled_per_gen = {1: [], 3: []}, {1: 0, 3: 0}, []
     runs = [(p, None, NEW + 6 * (i == 3), ()) for i, p in enumerate(SINGLE)]
     runs += [
         (*left_padded(rows), NEW, staggered_eos(arch, rows) if g == 0 else ())
@@ -196,12 +196,14 @@ def test_compiled_greedy_identity_deep_accepts_no_recompile(arch, kind):
             got = out.sequences[j, ids.shape[1] :].tolist()
             assert got == want + [0] * (len(got) - len(want)), (i, j)
         if i % 4:
-            taus += [s.mean_accepted_length for s in out.stats.rows or [out.stats]]
-            longest = max(longest, *out.stats.accepted_lengths)
+            b = len(rows)
+            taus[b] += [s.mean_accepted_length for s in out.stats.rows or [out.stats]]
+            longest[b] = max(longest[b], *out.stats.accepted_lengths)
     assert compiled_per_gen[0] >= 2 and compiled_per_gen[4] >= 1, compiled_per_gen
     assert compiled_per_gen[1:4] == [0, 0, 0] and compiled_per_gen[5:] == [0, 0, 0], compiled_per_gen
-    assert sum(taus) / len(taus) > 2.0, taus
-    assert longest >= 4
+    for b in (1, 3):  # at each batch size: the single-row loop and the batched one
+        assert sum(taus[b]) / len(taus[b]) > 2.0, (b, taus)
+        assert longest[b] >= 4, (b, longest)
 
 
 SAMPLE_PROMPT = torch.tensor([[5, 9, 14]])
