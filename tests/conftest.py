@@ -30,6 +30,35 @@ import torch  # noqa: E402
 if "PYTEST_XDIST_WORKER" in os.environ:
     torch.set_num_threads(WORKER_THREADS)
 
+_ENGINE_PREFETCH: list = []
+
+
+def pytest_collection_finish(session) -> None:
+    """When engine tests are selected, start building the missing engine venvs in the background (one
+    process, from the first worker), so that the downloads overlap the other tests."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("engines") for item in session.items):
+        return
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
+    import install
+
+    proc = install.prefetch(os.path.join(install.cache_dir(), "prefetch.log"))
+    if proc is not None:
+        _ENGINE_PREFETCH.append(proc)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Let the background build finish (another worker's engine test may be waiting on it), unless the
+    run was interrupted."""
+    for proc in _ENGINE_PREFETCH:
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            proc.terminate()
+        proc.wait()
+
+
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
 # Architectures the EAGLE heads' Llama draft layer (draft_layer: llama) is tested on:
 # ARCHS, plus GPT-NeoX, Falcon, OLMo-2, Cohere, Phi (phi-1/2), StarCoder2, Granite, two mixture-of-experts

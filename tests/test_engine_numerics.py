@@ -68,7 +68,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
 from install import engine_python  # noqa: E402
 from test_engines import _heads, serve_args  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.engines, pytest.mark.usefixtures("one_thread")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, T = 4, 6
 TOL = 1e-4

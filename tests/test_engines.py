@@ -27,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -38,9 +37,9 @@ from heads.convert import export_heads
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
 from cases import CASES, NOT_SERVED, TABLE  # noqa: E402
-from install import engine_python  # noqa: E402
+from install import build_all, engine_python  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.engines, pytest.mark.usefixtures("one_thread")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, VD = 4, 64
 SERVE = {  # the documented serve flags (local paths; SGLang as a chain: topk 1), plus the CPU test's flags
@@ -159,8 +158,7 @@ def results(tmp_path_factory):
         if method == "eagle3":
             case["fuse_check"] = _fuse_check(heads[key])
         by_engine.setdefault(engine, []).append(case)
-    with ThreadPoolExecutor(max(len(by_engine), 1)) as pool:  # cold installs are mostly download and unzip: overlap them
-        list(pool.map(engine_python, sorted(by_engine)))
+    build_all(sorted(by_engine))
     for i, (engine, cases) in enumerate(sorted(by_engine.items())):
         for cid, r in _run_engine(engine, cases, tmp, 29600 + i).items():
             rows[cid].update(r)

@@ -32,7 +32,7 @@ QUESTIONS = [
 ]
 ENGINES = ("vllm-0.33.0", "sglang-0.5.23")
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.engines, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -156,6 +156,7 @@ def _serve_args(argv: list[str], target: str, drafts: dict[str, str]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.engines
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_trains_exports_and_engines_load(name, tiny_target, tmp_path, fresh_accelerate, one_thread):  # noqa: F811
     import test_engines

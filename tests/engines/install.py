@@ -128,6 +128,37 @@ def _build(name: str, final: str) -> None:
         raise
 
 
+def missing() -> list[str]:
+    """The engines whose venv is not built yet."""
+    return [n for n in ENGINES if not os.path.isfile(os.path.join(venv_dir(n), "bin", "python"))]
+
+
+def build_all(names: list[str]) -> list[str]:
+    """Build the venvs of ``names`` side by side (cold installs are mostly download and unzip)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(len(names), 1)) as pool:
+        return list(pool.map(engine_python, names))
+
+
+def prefetch(log: str) -> subprocess.Popen | None:
+    """Start building the missing venvs in a background process (its output to ``log``), so that the
+    downloads overlap other tests instead of holding the pytest worker of the first engine test, which
+    then only waits on the lock; None when all are built. Its failure is not reported here: the engine
+    tests call `engine_python` themselves, which builds again and raises the real error."""
+    names = missing()
+    if not names:
+        return None
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, os.path.abspath(__file__), *names], stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL)
+
+
 if __name__ == "__main__":
-    for n in sys.argv[1:] or list(ENGINES):
-        print(engine_python(n))
+    import signal
+
+    # SIGTERM (pytest interrupted) unwinds like Ctrl-C, so `_build` removes its temp folder
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for py in build_all(sys.argv[1:] or list(ENGINES)):
+        print(py)
