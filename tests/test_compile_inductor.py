@@ -223,9 +223,10 @@ def target_law(m, length: int) -> dict[tuple, float]:
     return law
 
 
-# every head type through the batched loop, and the single-row loop once (both share `_Rule` and the
-# acceptance functions; greedy identity above covers both architectures at both batch sizes)
-SAMPLED = [("llama", kind, 3) for kind in ("medusa", "eagle", "eagle3")] + [("llama", "eagle", 1)]
+# every head type through the batched loop, and the single-row loop on both architectures (both loops
+# share `_Rule` and the acceptance functions; greedy identity above covers every head type on both
+# architectures at both batch sizes)
+SAMPLED = [("llama", kind, 3) for kind in ("medusa", "eagle", "eagle3")] + [("llama", "eagle", 1), ("qwen3", "eagle3", 1)]
 
 
 @pytest.mark.parametrize(("arch", "kind", "rows"), SAMPLED)
