@@ -9,7 +9,8 @@ exported with `heads.engine_export.export` (EAGLE-3: the recipe header's ``--to 
 ``HuggingFaceTB/SmolLM2-135M-Instruct``, and each export is loaded against the dequantised checkpoint by
 the engine's own code through tests/test_engines.py's drivers and verdict (vLLM with the header's serve
 flags; SGLang with the documented ones): every draft parameter loaded, no checkpoint tensor dropped, the
-vocab map inside the target's 49152 ids, the captured hidden states the heads' ``aux_layer_ids``.
+vocab map inside the target's 49152 ids, the captured hidden states the heads' ``aux_layer_ids``. Each
+engine runs once for the exports of both heads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 
 import pytest
 import test_engines
+from conftest import reset_accelerate
 from test_real_target import HUB, real, real_dir  # noqa: F401  (module fixtures: the fetched real target)
 from test_recipes import _free_port, _serve_args, _starting, header_commands
 
@@ -102,25 +104,50 @@ def _named_model(draft: str) -> str | None:
     return verifier.get("name_or_path") if verifier else config.get("base_model_name_or_path")
 
 
-@pytest.mark.parametrize("head", ["eagle31", "eagle"])
-def test_real_target_heads_load_in_engines(head, real, real_dir, data, tmp_path, fresh_accelerate):  # noqa: F811
-    extra = ["heads.type=eagle", "heads.eagle3=null", "heads.eagle.bias=false"] if head == "eagle" else []
-    cfg, heads = _train(data, str(tmp_path / "heads"), extra)
+HEADS = ("eagle31", "eagle")
+
+
+@pytest.fixture(scope="module")
+def loaded(real, real_dir, data, tmp_path_factory):  # noqa: F811
+    """Both heads trained and exported, then each engine started once for all their exports:
+    head -> (training config, heads, {engine: (case id, export dir, the engine's result row)}, expected)."""
+    tmp = tmp_path_factory.mktemp("real-engines")
+    trained, by_engine, exports, expected = {}, {}, {}, {}
+    for head in HEADS:
+        extra = ["heads.type=eagle", "heads.eagle3=null", "heads.eagle.bias=false"] if head == "eagle" else []
+        cfg, heads = _train(data, str(tmp / head), extra)
+        reset_accelerate()  # each training run starts from a clean accelerate state
+        trained[head] = (cfg, heads)
+        method = cfg.heads.type
+        for engine, (draft, args) in sorted(_exports(head, str(tmp / head), real_dir, tmp).items()):
+            cid = f"real-{head}-{engine}"
+            case = {"id": cid, "method": method, "serve_args": args}
+            if method == "eagle":
+                case["fc_check"] = test_engines._fc_check(heads, real[0])
+            else:
+                case["fuse_check"] = test_engines._fuse_check(heads)
+                expected[cid] = list(heads.aux_layer_ids)
+            by_engine.setdefault(engine, []).append(case)
+            exports.setdefault(head, {})[engine] = (cid, draft)
+    rows = {}
+    for engine, cases in sorted(by_engine.items()):  # one engine process for all its cases
+        rows.update(test_engines._run_engine(engine, cases, str(tmp), _free_port()))
+    return {
+        head: (*trained[head], {e: (cid, d, rows[cid]) for e, (cid, d) in exports[head].items()}, expected)
+        for head in HEADS
+    }
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_real_target_heads_load_in_engines(head, loaded):
+    cfg, heads, engines, expected = loaded[head]
     assert heads.config.base_model_name_or_path == HUB
     assert heads.config.head_type == cfg.heads.type == ("eagle" if head == "eagle" else "eagle3")
     if head == "eagle31":
         assert heads.config.variant == "eagle3.1" and heads.config.draft_vocab_size == 4096
-    method = cfg.heads.type
-    for engine, (draft, args) in sorted(_exports(head, str(tmp_path / "heads"), real_dir, tmp_path).items()):
+    assert sorted(engines) == sorted(ENGINES)
+    for engine, (cid, draft, row) in sorted(engines.items()):
         assert _named_model(draft) == HUB, f"{engine}: {draft}/config.json names {_named_model(draft)!r}"
-        cid = f"real-{head}-{engine}"
-        case = {"id": cid, "method": method, "serve_args": args}
-        if method == "eagle":
-            case["fc_check"] = test_engines._fc_check(heads, real[0])
-        else:
-            case["fuse_check"] = test_engines._fuse_check(heads)
-        expected = {cid: list(heads.aux_layer_ids)} if method == "eagle3" else {}
-        rows = test_engines._run_engine(engine, [case], str(tmp_path), _free_port())
-        ok, text = test_engines._verdict((cid, head), rows[cid], expected)
-        assert ok, f"{cid}: {text}\n{rows[cid].get('traceback', '')}"
-        assert rows[cid]["target_vocab"] == 49152, rows[cid]  # the engine built the real target
+        ok, text = test_engines._verdict((cid, head), row, expected)
+        assert ok, f"{cid}: {text}\n{row.get('traceback', '')}"
+        assert row["target_vocab"] == 49152, row  # the engine built the real target

@@ -8,7 +8,7 @@ the overrides a user would give: a local target and data, 2 steps, a draft vocab
 vocab) trains on a 3-layer random model of the recipe target's architecture (its transformers config class,
 built from a small config; 3 layers: the fewest with EAGLE-3's three distinct aux layers, which the engines
 need), is exported with the header's export commands, and is loaded by vLLM 0.33 and
-SGLang 0.5.23 with the header's serve flags, through tests/test_engines.py's drivers (cached engine venvs:
+SGLang 0.5.23 with the header's serve flags, through tests/test_engines.py's drivers, each engine run once for all three (cached engine venvs:
 the first run installs them, which takes minutes).
 """
 
@@ -155,10 +155,9 @@ def _serve_args(argv: list[str], target: str, drafts: dict[str, str]) -> str:
     return shlex.join([*args, "--device", "cpu", "--skip-tokenizer-init", "--dtype", "float32"])
 
 
-@pytest.mark.slow
-@pytest.mark.engines
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_trains_exports_and_engines_load(name, tiny_target, tmp_path, fresh_accelerate, one_thread):  # noqa: F811
+def _train_and_export(name: str, tokenizer_dir: str, tmp) -> tuple[str, dict[str, dict], dict]:
+    """Train ``name``'s recipe for 2 steps on a tiny model of its target's architecture, export with the
+    header's commands: (head, {engine: case}, expected aux layers)."""
     import test_engines
     from transformers import AutoTokenizer
 
@@ -170,15 +169,15 @@ def test_recipe_trains_exports_and_engines_load(name, tiny_target, tmp_path, fre
 
     recipe = os.path.join(REPO, "configs", f"{name}.yaml")
     model = load_config(recipe).target.name_or_path
-    target = str(tmp_path / "target")
-    tok = AutoTokenizer.from_pretrained(tiny_target)
+    target = str(tmp / "target")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(target)
     tiny_of(model, len(tok)).save_pretrained(target)
-    data = str(tmp_path / "data.jsonl")
+    data = str(tmp / "data.jsonl")
     _sharegpt(data)
 
-    out = str(tmp_path / "heads")
+    out = str(tmp / "heads")
     overrides = [
         f"target.name_or_path={target}", "target.dtype=float32", f"data.path={data}", "data.max_length=48",
         "data.num_proc=1", "data.eval_fraction=0.25", "train.max_steps=2", "train.batch_size=2",
@@ -196,7 +195,7 @@ def test_recipe_trains_exports_and_engines_load(name, tiny_target, tmp_path, fre
     drafts = {}
     for argv in _starting(commands, "python", "scripts/export_heads.py"):
         opts = parse_cli(ExportOptions, argv[2:])
-        local = str(tmp_path / os.path.basename(opts.out))
+        local = str(tmp / os.path.basename(opts.out))
         export(parse_cli(ExportOptions, [*argv[2:], f"heads={out}", f"out={local}"]))
         drafts[opts.out] = local
 
@@ -210,15 +209,45 @@ def test_recipe_trains_exports_and_engines_load(name, tiny_target, tmp_path, fre
             case["fc_check"] = test_engines._fc_check(heads, load_target_for(target))
         if method == "eagle3":
             case["fuse_check"] = test_engines._fuse_check(heads)
-        by_engine[engine] = [case]
-    expected = (
-        {c[0]["id"]: list(heads.aux_layer_ids) for c in by_engine.values()} if method == "eagle3" else {}
-    )
-    for engine, cases in sorted(by_engine.items()):
-        rows = test_engines._run_engine(engine, cases, str(tmp_path), _free_port())
-        cid = cases[0]["id"]
-        ok, text = test_engines._verdict((cid, head), rows[cid], expected)
-        assert ok, f"{cid}: {text}\n{rows[cid].get('traceback', '')}"
+        by_engine[engine] = case
+    expected = {c["id"]: list(heads.aux_layer_ids) for c in by_engine.values()} if method == "eagle3" else {}
+    return head, by_engine, expected
+
+
+@pytest.fixture(scope="module")
+def recipes_loaded(tiny_target, tmp_path_factory, one_thread):  # noqa: F811
+    """Every recipe trained and exported, then each engine started once for all of them:
+    name -> [(case id, head, the engine's result row, expected aux layers)]."""
+    import test_engines
+    from conftest import reset_accelerate
+
+    tmp = tmp_path_factory.mktemp("recipes")
+    prepared, by_engine = {}, {}
+    for name in RECIPES:
+        (tmp / name).mkdir()
+        prepared[name] = _train_and_export(name, tiny_target, tmp / name)
+        reset_accelerate()  # each training run starts from a clean accelerate state
+        for engine, case in prepared[name][1].items():
+            by_engine.setdefault(engine, []).append(case)
+    rows = {}
+    for engine, cases in sorted(by_engine.items()):  # one engine process for all the recipes' exports
+        rows.update(test_engines._run_engine(engine, cases, str(tmp), _free_port()))
+    return {
+        name: [(c["id"], head, rows[c["id"]], expected) for _, c in sorted(cases.items())]
+        for name, (head, cases, expected) in prepared.items()
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_trains_exports_and_engines_load(name, recipes_loaded):
+    import test_engines
+
+    assert len(recipes_loaded[name]) == 2  # vLLM and SGLang
+    for cid, head, row, expected in recipes_loaded[name]:
+        ok, text = test_engines._verdict((cid, head), row, expected)
+        assert ok, f"{cid}: {text}\n{row.get('traceback', '')}"
 
 
 def _free_port() -> int:
