@@ -30,6 +30,22 @@ import torch  # noqa: E402
 if "PYTEST_XDIST_WORKER" in os.environ:
     torch.set_num_threads(WORKER_THREADS)
 
+# The files that take longest on 2 cores, longest first, except that the engine tests come after the first
+# two so that the background venv build has a head start. With `--dist loadfile` pytest-xdist hands files
+# out in collection order (pyproject's addopts turn off its reordering by test count), so the long files
+# start early and the two workers finish together instead of one running a long file at the end.
+LONGEST_FILES = (
+    *("test_compile_inductor.py", "test_zero3.py", "test_engines.py", "test_engine_numerics.py"),
+    *("test_distribution_tree.py", "test_real_target_engines.py", "test_distribution_eagle.py"),
+    *("test_reliability_train.py", "test_recipes.py", "test_draft_layer.py", "test_real_target.py"),
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
 _ENGINE_PREFETCH: list = []
 
 
