@@ -68,7 +68,8 @@ def pytest_collection_finish(session) -> None:
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Let the background build finish (another worker's engine test may be waiting on it), unless the
-    run was interrupted."""
+    run was interrupted: a Ctrl-C reached it too (same process group), and it is stopped if still running
+    (the next build removes a killed build's temp folder)."""
     for proc in _ENGINE_PREFETCH:
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             proc.terminate()

@@ -68,7 +68,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
 from install import engine_python  # noqa: E402
 from test_engines import _heads, serve_args  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.engines, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, T = 4, 6
 TOL = 1e-4
@@ -334,6 +334,7 @@ def _errors(computed, cid) -> tuple[dict[str, float], float, str]:
 SGLANG_GEMMA3_CAPTURE = "eagle3-llama-gemma3_text-sglang"
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("cid", [c[0] for c in SELECTED if c[0] != SGLANG_GEMMA3_CAPTURE])
 def test_engine_computes_what_selfspec_drafts(computed, cid):
     errors, tol, cls = _errors(computed, cid)
@@ -343,6 +344,7 @@ def test_engine_computes_what_selfspec_drafts(computed, cid):
     )
 
 
+@pytest.mark.engines
 @pytest.mark.skipif(SGLANG_GEMMA3_CAPTURE not in [c[0] for c in SELECTED], reason="case not selected")
 def test_sglang_gemma3_eagle3_capture_is_not_hf_hidden_states(computed):
     """SGLang computes the Gemma-3 target as HF does (``target_out``) and the draft's own input path as

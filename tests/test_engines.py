@@ -37,9 +37,9 @@ from heads.convert import export_heads
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "engines"))
 from cases import CASES, NOT_SERVED, TABLE  # noqa: E402
-from install import build_all, engine_python  # noqa: E402
+from install import engine_python  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.engines, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L, VD = 4, 64
 SERVE = {  # the documented serve flags (local paths; SGLang as a chain: topk 1), plus the CPU test's flags
@@ -158,7 +158,8 @@ def results(tmp_path_factory):
         if method == "eagle3":
             case["fuse_check"] = _fuse_check(heads[key])
         by_engine.setdefault(engine, []).append(case)
-    build_all(sorted(by_engine))
+    for engine in sorted(by_engine):  # built (or being built) by the background prefetch: wait on each lock here,
+        engine_python(engine)  # in the main thread, where Ctrl-C interrupts the wait
     for i, (engine, cases) in enumerate(sorted(by_engine.items())):
         for cid, r in _run_engine(engine, cases, tmp, 29600 + i).items():
             rows[cid].update(r)
@@ -228,6 +229,7 @@ def _write(rows: dict, expected: dict, tmp: str) -> str:
     return path
 
 
+@pytest.mark.engines
 def test_committed_table_is_the_scripts_output(results):
     """Each computed case's line is the committed table's (all cases: the whole table), as
     scripts/engine_table.py would write it from this run's results."""
@@ -249,6 +251,7 @@ def test_committed_table_is_the_scripts_output(results):
 CLAIMED = [c for c in CASES if c[5] and c[0] != "medusa-llama-vllm033" and c[0] not in NOT_SERVED]
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("case", CLAIMED, ids=[c[0] for c in CLAIMED])
 def test_engine_loads_export(results, case):
     row = _rows(results, case[0])
@@ -256,11 +259,13 @@ def test_engine_loads_export(results, case):
     assert ok, f"{case[0]}: {text}\n{row.get('traceback', '')}"
 
 
+@pytest.mark.engines
 def test_vllm_033_has_no_medusa(results):
     r = _rows(results, "medusa-llama-vllm033")
     assert not r.get("ok") and "SpeculativeConfig" in r["error"] and "'medusa'" in r["error"], r
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("cid", sorted(NOT_SERVED))
 def test_engine_refuses_unserved_targets(results, cid):
     """Pairs the engine's own code does not serve fail there, with the error the table names (if a new
@@ -269,6 +274,7 @@ def test_engine_refuses_unserved_targets(results, cid):
     assert not r.get("ok") and NOT_SERVED[cid][0] in r["error"], r
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=[c[0] for c in CASES if not c[5]])
 def test_refusals_are_one_line(results, case):
     msg = _rows(results, case[0])["refused_by_export"]
@@ -300,3 +306,26 @@ def test_concurrent_callers_build_an_engine_venv_once(tmp_path, monkeypatch):
     for t in callers:
         t.join()
     assert builds == ["vllm-0.33.0"] and len(got) == 2 and got[0] == got[1] == install.venv_dir("vllm-0.33.0") + "/bin/python"
+
+
+def test_a_killed_builds_temp_folder_is_removed_by_the_next_build(tmp_path, monkeypatch):
+    """A build killed mid-way (the background prefetch of an interrupted run) leaves its temp folder; the
+    next build of that venv, under the lock, removes it and builds; other venvs' folders stay."""
+    import install
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    engines = tmp_path / "engines"
+    (engines / ".vllm-0.33.0-k1ll3d" / "lib").mkdir(parents=True)
+    (engines / ".sglang-0.5.23-busy").mkdir()
+
+    def build(name: str, final: str) -> None:
+        assert not (engines / ".vllm-0.33.0-k1ll3d").exists()
+        os.makedirs(os.path.join(final, "bin"))
+        open(os.path.join(final, "bin", "python"), "w").close()
+
+    monkeypatch.setattr(install, "_build", build)
+    assert engine_python("vllm-0.33.0") == install.venv_dir("vllm-0.33.0") + "/bin/python"
+    assert sorted(p.name for p in engines.iterdir() if p.name.startswith(".")) == [".sglang-0.5.23-busy"]
+    assert install.missing() == ["vllm-0.32.0", "sglang-0.5.23"]
+    monkeypatch.setattr(install, "missing", lambda: [])
+    assert install.prefetch(str(engines / "prefetch.log")) is None  # nothing to build: no process

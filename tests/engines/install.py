@@ -19,6 +19,7 @@ replace the modules that exist only as CUDA builds:
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -101,6 +102,8 @@ def engine_python(name: str) -> str:
     os.makedirs(cache_dir(), exist_ok=True)
     with locked(f"{final}.lock"):
         if not os.path.isfile(py):  # not built by the holder we waited for
+            for stale in glob.glob(os.path.join(cache_dir(), f".{name}-*")):  # a killed build's; none in use
+                shutil.rmtree(stale, ignore_errors=True)
             _build(name, final)
     return py
 
@@ -156,9 +159,5 @@ def prefetch(log: str) -> subprocess.Popen | None:
 
 
 if __name__ == "__main__":
-    import signal
-
-    # SIGTERM (pytest interrupted) unwinds like Ctrl-C, so `_build` removes its temp folder
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for py in build_all(sys.argv[1:] or list(ENGINES)):
         print(py)
