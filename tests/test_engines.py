@@ -305,7 +305,7 @@ def test_concurrent_callers_build_an_engine_venv_once(tmp_path, monkeypatch):
         t.start()
     for t in callers:
         t.join()
-    assert builds == ["vllm-0.33.0"] and len(got) == 2 and got[0] == got[1] == install.venv_dir("vllm-0.33.0") + "/bin/python"
+    assert builds == ["vllm-0.33.0"] and len(got) == 2 and got[0] == got[1] == install.venv_python("vllm-0.33.0")
 
 
 def test_a_killed_builds_temp_folder_is_removed_by_the_next_build(tmp_path, monkeypatch):
@@ -324,7 +324,7 @@ def test_a_killed_builds_temp_folder_is_removed_by_the_next_build(tmp_path, monk
         open(os.path.join(final, "bin", "python"), "w").close()
 
     monkeypatch.setattr(install, "_build", build)
-    assert engine_python("vllm-0.33.0") == install.venv_dir("vllm-0.33.0") + "/bin/python"
+    assert engine_python("vllm-0.33.0") == install.venv_python("vllm-0.33.0")
     assert sorted(p.name for p in engines.iterdir() if p.name.startswith(".")) == [".sglang-0.5.23-busy"]
     assert install.missing() == ["vllm-0.32.0", "sglang-0.5.23"]
     monkeypatch.setattr(install, "missing", lambda: [])

@@ -64,6 +64,11 @@ def venv_dir(name: str) -> str:
     return os.path.join(cache_dir(), f"{name}-{_key(name)}")
 
 
+def venv_python(name: str) -> str:
+    """The interpreter of ``name``'s venv (present once the venv is built)."""
+    return os.path.join(venv_dir(name), "bin", "python")
+
+
 def _pip(py: str, *args: str) -> None:
     # --no-compile: byte-compiling every module of torch and the engine at install time costs ~25 s of CPU
     # per venv; the few modules the tests import compile on first import instead
@@ -95,8 +100,7 @@ def _write_stubs(py: str, modules: tuple[str, ...]) -> None:
 
 def engine_python(name: str) -> str:
     """The python of the cached venv for ``name`` (a key of `ENGINES`), building it if needed."""
-    final = venv_dir(name)
-    py = os.path.join(final, "bin", "python")
+    final, py = venv_dir(name), venv_python(name)
     if os.path.isfile(py):
         return py
     os.makedirs(cache_dir(), exist_ok=True)
@@ -133,7 +137,7 @@ def _build(name: str, final: str) -> None:
 
 def missing() -> list[str]:
     """The engines whose venv is not built yet."""
-    return [n for n in ENGINES if not os.path.isfile(os.path.join(venv_dir(n), "bin", "python"))]
+    return [n for n in ENGINES if not os.path.isfile(venv_python(n))]
 
 
 def build_all(names: list[str]) -> list[str]:
