@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from check_common import freeze_heap
+
 
 class SdpaAttention(nn.Module):
     """q [T, nh*hd], k / v [T, nkv*hd] -> causal attention [T, nh*hd] (grouped-query: each KV head serves
@@ -146,6 +148,7 @@ def main(run: Callable[[dict], dict]) -> None:
     torch.set_num_threads(1)
     results = []
     for case in spec["cases"]:
+        freeze_heap()
         case = {**case, "port": spec["port"]}
         try:
             results.append({"id": case["id"], "ok": True, **run(case)})
