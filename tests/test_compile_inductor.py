@@ -36,7 +36,7 @@ from infer.eagle_draft import draft_step
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.usefixtures("one_thread", "compile_in_process"),
     pytest.mark.filterwarnings("ignore:aux_layer_ids .* not strictly increasing:UserWarning"),
 ]
 
@@ -55,6 +55,18 @@ def prompt(length: int, seed: int) -> torch.Tensor:
 # no draft (a one-pair draft commit, a graph of its own) as later ones may.
 SINGLE = [prompt(9, 50), prompt(9, 0), prompt(9, 1), prompt(13, 2)]
 BATCHES = [[prompt(8 + 2 * j, 10 * g + j)[0] for j in range(3)] for g in range(4)]
+
+
+@pytest.fixture(scope="module")
+def compile_in_process():
+    """Inductor compiles its C++ in this process, not in a pool of 2 compile workers: on 2 cores shared
+    with the other pytest worker the pool only adds its start-up (9 CPU-s less for one test, cold cache)."""
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.compile_threads
+    inductor_config.compile_threads = 1
+    yield
+    inductor_config.compile_threads = before
 
 
 @functools.cache
