@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sglang_check  # noqa: E402
 import torch  # noqa: E402
-
-torch._dynamo.config.disable = True
 from check_common import fill_nan  # noqa: E402
 from compute_common import Recorder, first, main, replace_attention, tensors_to_json, watch_draft_layer  # noqa: E402
+
+torch._dynamo.config.disable = True  # see the module docstring
 
 
 def _load(case: dict):
