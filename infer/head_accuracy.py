@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from heads import load_heads, load_target, registry, targets
+from heads import gguf, load_heads, load_target, registry, targets
 from heads.base import read_config, resolve_dir
 from heads.graft import TargetOutput, run_target
 from heads.io import atomic_text
@@ -56,7 +56,7 @@ class EvalOptions:
 
     heads: str | None = field(default=None, metadata={"help": "head checkpoint directory or Hub id"})
     target: str | None = field(
-        default=None, metadata={"help": "target model (default: the heads' base_model_name_or_path)"}
+        default=None, metadata={"help": "target model (default: the one the heads were trained on)"}
     )
     data: str | None = field(
         default=None, metadata={"help": "held-out JSONL/parquet/Hub id (default: the run's eval_path)"}
@@ -258,9 +258,10 @@ BatchLoader = Callable[[str, Any, int, int, int], list]
 
 
 def load_all(heads_path: str, target_path: str | None, dtype: str):
-    """(heads, target, tokenizer): the target defaults to the heads' ``base_model_name_or_path``."""
+    """(heads, target, tokenizer): the target defaults to the one the heads recorded (`heads.gguf.target_name`:
+    their ``base_model_name_or_path``, or the built-in name of the GGUF release they were trained on)."""
     directory = resolve_dir(heads_path)
-    name = target_path or read_config(directory).get("base_model_name_or_path")
+    name = target_path or gguf.target_name(read_config(directory))
     if not name:
         raise ValueError(f"{directory}/config.json names no target; pass --target")
     name = targets.resolve(name)  # a built-in name or GGUF file: its checkpoint (its tokenizer too)

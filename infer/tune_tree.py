@@ -73,7 +73,7 @@ class TuneOptions:
     heads: str | None = field(
         default=None, metadata={"help": "head checkpoint directory (inference.json is written there)"}
     )
-    target: str | None = field(default=None, metadata={"help": "default: the heads' base_model_name_or_path"})
+    target: str | None = field(default=None, metadata={"help": "default: the target the heads were trained on"})
     data: str | None = field(default=None, metadata={"help": "held-out data (default: the run's eval_path)"})
     accuracies: str | None = field(
         default=None, metadata={"help": "eval_heads.py JSON to reuse instead of evaluating"}

