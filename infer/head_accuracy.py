@@ -41,6 +41,7 @@ from transformers import AutoTokenizer
 
 from heads import gguf, load_heads, load_target, registry, targets
 from heads.base import read_config, resolve_dir
+from heads.card import TRAIN_CONFIG_NAME
 from heads.graft import TargetOutput, run_target
 from heads.io import atomic_text
 from infer.settings import DEFAULTS, heads_defaults
@@ -59,7 +60,11 @@ class EvalOptions:
         default=None, metadata={"help": "target model (default: the one the heads were trained on)"}
     )
     data: str | None = field(
-        default=None, metadata={"help": "held-out JSONL/parquet/Hub id (default: the run's eval_path)"}
+        default=None,
+        metadata={
+            "help": "held-out JSONL/parquet/Hub id, or a run's train_config.yaml "
+            "(default: the heads' own run's held-out rows)"
+        },
     )
     max_examples: int = field(default=64, metadata={"help": "held-out rows to score"})
     max_length: int = field(default=256, metadata={"help": "tokens per row"})
@@ -244,16 +249,41 @@ def table(result: dict) -> str:
 
 
 def default_data(heads_dir: str) -> str | None:
-    """The held-out set the heads were evaluated on in training (``train_config.yaml`` next to them)."""
-    path = os.path.join(heads_dir, "train_config.yaml")
+    """The held-out set the heads were evaluated on in training, from the ``train_config.yaml`` next to
+    them: its ``data.eval_path``, else that config file itself, which the loaders read as the run's
+    seeded held-out split of ``data.path`` (`train.data.held_out`). None without a run config."""
+    path = os.path.join(heads_dir, TRAIN_CONFIG_NAME)
     if not os.path.isfile(path):
         return None
-    return OmegaConf.select(OmegaConf.load(path), "data.eval_path", default=None)
+    cfg = OmegaConf.load(path)
+    return OmegaConf.select(cfg, "data.eval_path", default=None) or (
+        path if OmegaConf.select(cfg, "data.path", default=None) else None
+    )
+
+
+def is_run_config(data: str) -> bool:
+    """Whether ``data`` names a training run's config (its held-out rows) rather than a data file."""
+    return os.path.basename(data) == TRAIN_CONFIG_NAME and os.path.isfile(data)
+
+
+def held_out_prompts(load_batches: BatchLoader, data: str, tokenizer, n: int, skip: int) -> list[Tensor]:
+    """Prompts [1, T] of held-out rows ``skip .. skip+n-1`` read through ``load_batches``: each row's tokens
+    before its first label (a chat row: up to its first answer; a row labelled from the start: its first
+    32 tokens, as training's measured τ cuts text rows)."""
+    rows = load_batches(data, tokenizer, skip + n, 1024, 1)[skip:]
+    if not rows:
+        raise ValueError(f"{data} has no held-out rows after the first {skip}")
+    prompts = []
+    for b in rows:
+        labels = b["loss_mask"][0].nonzero()
+        first = int(labels[0]) if len(labels) else b["input_ids"].shape[1]
+        prompts.append(b["input_ids"][:, : first if first >= 2 else 32])
+    return prompts
 
 
 # Reads held-out rows of training-format data as collated batches: ``(data, tokenizer, max_examples,
 # max_length, batch_size) -> [{"input_ids", "attention_mask", "loss_mask"}]``. The scripts pass
-# `train.data.eval_batches` (training-format data is train's business; infer never imports train).
+# `train.held_out.eval_batches` (training-format data is train's business; infer never imports train).
 BatchLoader = Callable[[str, Any, int, int, int], list]
 
 
@@ -287,7 +317,7 @@ def run(opts: EvalOptions, load_batches: BatchLoader) -> tuple[dict, RankStats]:
         raise ValueError(f"--depth {depth} > the {heads.config.num_heads} Medusa heads")
     data = opts.data or default_data(directory)
     if not data:
-        raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")
+        raise ValueError(f"no --data, and no {TRAIN_CONFIG_NAME} in {directory} names its run's data")
     batches = load_batches(data, tokenizer, opts.max_examples, opts.max_length, opts.batch_size)
     stats = evaluate_heads(heads, target, batches, depth, opts.labels)
     result = {

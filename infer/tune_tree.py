@@ -38,12 +38,15 @@ from torch import Tensor
 
 import infer
 from heads import registry
+from heads.card import TRAIN_CONFIG_NAME
 from infer.cost import measure_draft, measure_profile, remember
 from infer.head_accuracy import (
     BatchLoader,
     default_data,
     default_depth,
     evaluate_heads,
+    held_out_prompts,
+    is_run_config,
     load_all,
     summary,
     table,
@@ -73,8 +76,8 @@ class TuneOptions:
     heads: str | None = field(
         default=None, metadata={"help": "head checkpoint directory (inference.json is written there)"}
     )
-    target: str | None = field(default=None, metadata={"help": "default: the target the heads were trained on"})
-    data: str | None = field(default=None, metadata={"help": "held-out data (default: the run's eval_path)"})
+    target: str | None = field(default=None, metadata={"help": "default: the heads' own target"})
+    data: str | None = field(default=None, metadata={"help": "held-out data (default: the heads' run's)"})
     accuracies: str | None = field(
         default=None, metadata={"help": "eval_heads.py JSON to reuse instead of evaluating"}
     )
@@ -296,13 +299,14 @@ class _Run:
     profile: dict
     prefix: Tensor
     inputs: dict  # the accuracies behind the choice, for the tuning record
+    load_batches: BatchLoader
 
     def prompts(self) -> list[Tensor]:
-        n = self.opts.measure_tau
+        n, skip = self.opts.measure_tau, self.opts.max_examples  # past the rows the accuracies scored
         print(f"measuring τ of the candidates on {n} prompts")
-        return load_prompts(
-            measure_src(self.opts.prompts, self.data), self.tokenizer, n, skip=self.opts.max_examples
-        )
+        if self.opts.prompts is None and is_run_config(self.data):
+            return held_out_prompts(self.load_batches, self.data, self.tokenizer, n, skip)
+        return load_prompts(measure_src(self.opts.prompts, self.data), self.tokenizer, n, skip=skip)
 
 
 def _accuracies(
@@ -366,7 +370,7 @@ def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     depth = default_depth(heads) if static else max(*opts.depths, default_depth(heads))
     data = opts.data or default_data(directory)
     if not data:  # the accuracies and the profile's prefix both come from held-out text
-        raise ValueError(f"no --data given and {directory} has no train_config.yaml with data.eval_path")
+        raise ValueError(f"no --data, and no {TRAIN_CONFIG_NAME} in {directory} names its run's data")
     acc_json, joint = _accuracies(opts, heads, target, tokenizer, data, depth, load_batches)
     print(table(acc_json))
     model = infer.SpecModel(target, heads, tokenizer=tokenizer)
@@ -385,7 +389,9 @@ def _prepare(opts: TuneOptions, load_batches: BatchLoader) -> _Run:
     )
     rank_probs = torch.tensor(acc_json["rank_probs"], dtype=torch.float64)
     inputs = {"rank_probs": acc_json["rank_probs"], "accuracy_count": acc_json["count"]}
-    return _Run(opts, model, tokenizer, directory, data, rank_probs, joint, profile, prefix, inputs)
+    return _Run(
+        opts, model, tokenizer, directory, data, rank_probs, joint, profile, prefix, inputs, load_batches
+    )
 
 
 def _report(run: _Run, tree: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from heads.config import parse_cli
 from infer.head_accuracy import EvalOptions, eval_heads
-from train.data import eval_batches
+from train.held_out import eval_batches
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -19,7 +19,7 @@ from infer.tree_choice import (
     expected_accept_curve,
     expected_accept_length,
 )
-from train.data import eval_batches
+from train.held_out import eval_batches
 
 
 def random_acc(seed: int, depth: int = 4, ranks: int = 10) -> torch.Tensor:
@@ -532,3 +532,73 @@ def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
     loaded = infer.load(target, heads=str(tmp_path / "heads"))
     assert [list(p) for p in loaded.settings.tree] == saved["tree"]
     assert loaded.proposer().tree == saved["tree"]
+
+
+def test_cli_without_data_scores_the_runs_held_out_split(tmp_path, one_thread):
+    """Heads whose run held out a seeded split of ``data.path`` (no ``eval_path``, as the SmolLM2 recipes
+    train): tune_tree.py and eval_heads.py without ``--data`` score exactly the rows `build_datasets` held
+    out for that run (its data options and ``train.seed``), and --measure-tau takes its prompts from them."""
+    from demo import train_tokenizer
+    from heads import MedusaHeads, save_heads
+    from heads.config import parse_cli
+    from infer.head_accuracy import EvalOptions, default_data, eval_heads, held_out_prompts
+    from infer.tune_tree import TuneOptions, tune_tree
+    from train.config import load_config, to_yaml
+    from train.data import build_datasets
+    from train.held_out import held_out
+
+    code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
+    tok = train_tokenizer(code * 20, vocab_size=300, max_length=256)
+    target = tiny_model("llama", vocab_size=300)
+    target_dir = str(tmp_path / "target")
+    target.save_pretrained(target_dir)
+    tok.save_pretrained(target_dir)
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"def f{i}(x):\n"},
+                {"role": "assistant", "content": f"    return x + {i}\n" * (1 + i % 3) + code[i % 2]},
+            ]
+        }
+        for i in range(40)
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    heads_dir = tmp_path / "heads"
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    for p in heads.parameters():
+        p.data.normal_(0, 0.1)
+    save_heads(heads, str(heads_dir))
+    cfg = load_config(
+        None,
+        [f"target.name_or_path={target_dir}", f"data.path={data}", "data.eval_fraction=0.25", "train.seed=3"],
+    )
+    (heads_dir / "train_config.yaml").write_text(to_yaml(cfg))  # what a training run writes beside its heads
+
+    config = default_data(str(heads_dir))
+    assert config == str(heads_dir / "train_config.yaml")
+    train, ev = build_datasets(cfg.data, tok, seed=3)  # what that run trained and evaluated on
+    held = held_out(config, tok)
+    assert held["input_ids"] == ev["input_ids"] and len(ev) == 10
+    assert not set(map(tuple, ev["input_ids"])) & set(map(tuple, train["input_ids"]))
+    assert held["input_ids"] != build_datasets(cfg.data, tok, seed=0)[1]["input_ids"]  # the seed counts
+    batches = eval_batches(config, tok, 4, 256, 1)
+    assert [b["input_ids"][0].tolist() for b in batches] == ev["input_ids"][:4]
+    prompts = held_out_prompts(eval_batches, config, tok, 2, 4)
+    for p, full, mask in zip(prompts, ev[4:6]["input_ids"], ev[4:6]["loss_mask"], strict=True):
+        n = p.shape[1]  # the prompt stops right before the first answer token
+        assert p[0].tolist() == full[:n] and not any(mask[:n]) and mask[n] == 1
+
+    base = ["--heads", str(heads_dir), "--target", target_dir, "--dtype", "fp32", "--max-examples", "4"]
+    result = eval_heads(parse_cli(EvalOptions, [*base, "--output", str(tmp_path / "acc.json")]), eval_batches)
+    assert result["data"] == config and sum(result["count"]) > 0
+    argv = [*base, "--max-k", "24", "--repeats", "1", "--measure-tau", "2", "--max-new-tokens", "8"]
+    tune_tree(parse_cli(TuneOptions, argv), eval_batches)
+    saved = json.loads((heads_dir / "inference.json").read_text())
+    assert saved["tuning"]["refined"]["prompts"] == 2
+    assert len(validate_paths(saved["tree"])) == saved["tuning"]["num_nodes"]
+
+    (heads_dir / "train_config.yaml").write_text("data: [not, a, run]\n")
+    with pytest.raises(ValueError, match="not a selfspec training run config"):
+        eval_batches(config, tok, 4, 256, 1)

@@ -54,7 +54,7 @@ from train.sources import (
 __all__ = [
     "FORMATS", "FORMAT_COLUMNS", "JSON_SUFFIXES", "PARQUET_SUFFIXES", "ROLES", "DataConfig", "DataError",
     "_head", "_load", "_render", "assistant_spans", "build_datasets", "chat_mask", "collate",
-    "detect_format", "eval_batches", "load_raw", "to_messages", "tokenize_dataset",
+    "detect_format", "load_raw", "to_messages", "tokenize_dataset",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -424,15 +424,3 @@ def collate(
         attention_mask[b, :n] = 1
         loss_mask[b, :n] = torch.as_tensor(x["loss_mask"], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-
-
-def eval_batches(data: str, tokenizer, max_examples: int, max_length: int, batch_size: int) -> list[dict]:
-    """Tokenized, collated batches (`collate`) of the first ``max_examples`` rows of ``data`` (a local file
-    or Hub id, in any training format): the held-out data `infer.head_accuracy` and `infer.tune_tree` score the
-    heads on (the scripts pass this loader in, so `infer` never imports `train`)."""
-    cfg = DataConfig(path=data, max_length=max_length)
-    label, runs = _runs(data, "train", cfg, first=max_examples)
-    ds = _tokenize_runs(runs, tokenizer, cfg, label)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    rows = [ds[i] for i in range(len(ds))]
-    return [collate(rows[i : i + batch_size], pad_token_id=pad) for i in range(0, len(rows), batch_size)]
