@@ -2,8 +2,10 @@
 
     python scripts/demo_generate.py --heads out/demo-medusa [--target demo] [--dtype fast] [--prompts 8]
 
-(``scripts/demo_generate.py`` is a thin CLI over `main` here.) On held-out prompts (code the target and
-the demo's head-training data never saw: `demo.ensure_demo_data`'s ``prompts``), greedy, fixed length,
+(``scripts/demo_generate.py`` is a thin CLI over `main` here.) The target is the one the heads were trained
+on unless ``--target`` names another. On held-out prompts: for a demo target, code the target and the
+demo's head-training data never saw (`demo.ensure_demo_data`'s ``prompts``); for any other target,
+MT-Bench's first turns (`bench.prompt_sets`). Greedy, fixed length,
 all three run in one process, interleaved per prompt (A B C, B C A, ...) after a warm-up, in the fast
 dtype (``--dtype fast``: bf16 where the hardware computes it natively, else fp32; `demo.precision`).
 This is `bench.run.measure` with one prompt set and the greedy mode.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 
@@ -39,10 +42,13 @@ import infer
 from bench.machine import machine_info
 from bench.measure import PeakMemory
 from bench.methods import Method
+from bench.prompt_sets import MT_BENCH, mt_bench_rows
 from bench.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
 from bench.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from demo.precision import fast_precision
-from heads import registry
+from demo.spec import SPECS
+from heads import gguf, registry
+from heads.base import read_config, resolve_dir
 from heads.config import option, parse_cli
 from infer.prompts import read_prompts, render_prompt
 
@@ -52,7 +58,11 @@ class DemoGenerateOptions:
     """Side by side, greedy: target.generate, HF prompt lookup and infer.generate with trained heads."""
 
     heads: str | None = option(None, help="heads directory or Hub id (e.g. the demo run's output_dir)")
-    target: str = option("demo", help="target dir or Hub id; 'demo' / 'demo-tiny' = the built-in demo target")
+    target: str | None = option(
+        None,
+        help="target name, dir or Hub id (default: the one the heads were trained on); 'demo' / 'demo-tiny' = "
+        "the demo targets",
+    )
     dtype: str = option(
         "fast",
         help="the timed dtype: fast (bf16 where the hardware has native bf16, else fp32), bf16 or fp32; "
@@ -105,9 +115,30 @@ def _methods(o: DemoGenerateOptions, model, label: str, with_lookup: bool) -> li
     return methods
 
 
-def _prompts(o: DemoGenerateOptions, tokenizer, device) -> tuple[str, list[torch.Tensor]]:
-    path = demo.ensure_demo_data(size=demo.NAMES.get(o.target, "full"))["prompts"]
-    rows = read_prompts(path)[: o.prompts]
+def demo_size(o: DemoGenerateOptions) -> str | None:
+    """The demo size whose held-out prompts the comparison reads, or None for another target (then MT-Bench's
+    first turns). A demo target named for heads of other sizes is refused here, before it is built."""
+    raw = read_config(resolve_dir(o.heads))
+    if o.target is None:  # the heads' own target: a demo build is a directory demo-target-<size>-s<seed>
+        found = re.fullmatch(r"demo-target-(\w+)-s\d+", os.path.basename(str(gguf.target_name(raw))))
+        return found.group(1) if found and found.group(1) in SPECS else None
+    size = demo.NAMES.get(o.target)
+    if size is not None:
+        spec, shape = SPECS[size], (raw.get("vocab_size"), raw.get("hidden_size"))
+        if shape != (spec.vocab_size, spec.hidden_size):
+            raise ValueError(
+                f"these heads (vocab {shape[0]}, hidden {shape[1]}) were trained on "
+                f"{gguf.target_name(raw)!r}, not the {o.target!r} target: leave --target out to use theirs"
+            )
+    return size
+
+
+def _prompts(o: DemoGenerateOptions, size: str | None, tokenizer, device) -> tuple[str, list[torch.Tensor]]:
+    if size is None:
+        path, rows = MT_BENCH, mt_bench_rows()[: o.prompts]
+    else:
+        path = demo.ensure_demo_data(size=size)["prompts"]
+        rows = read_prompts(path)[: o.prompts]
     encoded = [
         render_prompt(row, tokenizer, f"{path} row {i + 1}")[:, -o.prompt_tokens :].to(device)
         for i, row in enumerate(rows)
@@ -118,10 +149,12 @@ def _prompts(o: DemoGenerateOptions, tokenizer, device) -> tuple[str, list[torch
 def _run(o: DemoGenerateOptions, dtype: torch.dtype, with_lookup: bool, warmup: int):
     """Load target + heads in ``dtype`` and measure; returns (rows by label, mismatches, tie tolerance,
     prompts path, heads label)."""
-    model = infer.load(demo.resolve(o.target), heads=o.heads, dtype=dtype, merge=o.merge)
+    size = demo_size(o)
+    target = demo.resolve(o.target) if o.target else None
+    model = infer.load(target, heads=o.heads, dtype=dtype, merge=o.merge)
     label = f"heads ({model.heads.config.head_type}, {registry.of(model.heads).tree} tree)"
     device = next(model.target.parameters()).device
-    path, encoded = _prompts(o, model.tokenizer, device)
+    path, encoded = _prompts(o, size, model.tokenizer, device)
     tie_tol = DEFAULT_TIE_TOL.get(dtype, 0.0)
     s = _session(o, model, _methods(o, model, label, with_lookup), warmup, tie_tol)
     results, mismatches, _ = _generate_all(s, {"held-out": encoded}, ["greedy"], ())

@@ -1,6 +1,7 @@
-"""Side-by-side generation on the demo target: `target.generate` vs `infer.generate` with trained heads.
+"""Side-by-side generation: `target.generate`, HF prompt lookup and `infer.generate` with trained heads.
 
-    python scripts/demo_generate.py --heads out/demo-medusa [--target demo] [--dtype auto] [--prompts 8]
+    python scripts/demo_generate.py --heads out/demo-medusa [--dtype fast] [--prompts 8]
+    python scripts/demo_generate.py --heads out/smollm2-eagle31      # on MT-Bench's first turns
 
 A thin command line over `bench.side_by_side` (what it prints is described there).
 """

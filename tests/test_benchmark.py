@@ -354,6 +354,49 @@ def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, ca
     assert "--heads is required" in capsys.readouterr().err  # one line, before any loading
 
 
+def test_demo_generate_runs_on_the_heads_own_target(tiny_demo_heads, tmp_path, monkeypatch, one_thread):
+    """Without --target, scripts/demo_generate.py compares on the target the heads were trained on: the demo
+    target with its held-out prompts, any other target on MT-Bench's first turns. A demo target named for
+    heads of another model is refused with one line before it is built."""
+    import shutil
+
+    from bench.prompt_sets import MT_BENCH
+    from heads import MedusaHeads, load_target, save_heads
+    from heads.config import parse_cli
+    from heads.targets import resolve
+
+    def size(*argv):
+        return side_by_side.demo_size(parse_cli(side_by_side.DemoGenerateOptions, [*argv]))
+
+    assert (
+        size("--heads", tiny_demo_heads) == "tiny"
+        and size("--heads", tiny_demo_heads, "--target", "demo-tiny") == "tiny"
+    )
+    monkeypatch.setattr(
+        side_by_side.demo, "resolve", lambda *a, **k: pytest.fail("the demo target was built")
+    )
+    with pytest.raises(
+        SystemExit,
+        match=r"error: these heads \(vocab 512, hidden 64\) were trained on .*demo-target-tiny-s0', not the 'demo' target: leave --target out",
+    ):
+        side_by_side.main(["--heads", tiny_demo_heads, "--target", "demo"])
+    monkeypatch.undo()
+
+    other = str(
+        tmp_path / "my-chat-model"
+    )  # any other target (here the tiny demo's weights under another name)
+    shutil.copytree(resolve("demo-tiny"), other)
+    target = load_target(other)
+    torch.manual_seed(0)
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.config.record_target(target)
+    save_heads(heads, str(tmp_path / "heads"))
+    argv = ["--heads", str(tmp_path / "heads"), "--prompts", "2", "--max-new-tokens", "4", "--dtype", "fp32"]
+    rows = side_by_side.main([*argv, "--no-bf16-check", "--threads", "1", "--out", str(tmp_path / "o")])
+    report = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert report["prompts_path"] == MT_BENCH and len(rows) == 2 and all(r["identical"] for r in rows)
+
+
 def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
     """One loader: text rows cut to their first max_tokens tokens, chat rows (OpenAI or ShareGPT turns)
     rendered up to the first assistant turn with the generation prompt, ``skip``/``n`` pick rows; held-out
