@@ -5,7 +5,8 @@
 
 (``scripts/profile_generate.py`` is a thin CLI over `main` here.)
 
-Two measurements, on the demo target's held-out prompts, in one process:
+Two measurements, in one process, on held-out prompts of the heads' own target (or ``--target``): the
+demo's held-out code for a demo target, MT-Bench's first turns for any other (`bench.prompt_sets`):
 
 1. **Speed**, interleaved (target.generate, heads 1, heads 2, ..., then again) after a warm-up and
    repeated ``--repeats`` times; per configuration the median tokens/s over all prompt runs, the
@@ -40,9 +41,10 @@ import torch
 
 import demo
 import infer
+from bench.prompt_sets import comparison_rows, demo_size
 from heads.config import option, parse_cli, repeatable
 from heads.io import atomic_text
-from infer.prompts import read_prompts, render_prompt
+from infer.prompts import render_prompt
 
 G = importlib.import_module("infer.generate")  # the module (``infer.generate`` is also the function)
 R = importlib.import_module("infer.runner")  # the target side of the loop (forwards, masks, cache)
@@ -55,7 +57,10 @@ class ProfileOptions:
     """Where the time of one infer.generate step goes, and the speedup over target.generate."""
 
     heads: list[str] = repeatable(help="heads directories (e.g. out/demo-medusa)")
-    target: str = option("demo", help="target dir; 'demo' / 'demo-tiny' = the built-in demo target")
+    target: str | None = option(
+        None,
+        help="target name or dir (default: the first heads' own); 'demo' / 'demo-tiny' = the demo targets",
+    )
     dtype: str = "bf16"
     prompts: int = 8
     max_new_tokens: int = 128
@@ -147,17 +152,17 @@ class Setup:
 
 
 def setup(o: ProfileOptions) -> Setup:
-    """Load the heads (one shared target) and the demo's held-out prompts (each cut to its last
-    ``prompt_tokens`` tokens)."""
-    target = demo.resolve(o.target)
-    prompts_path = demo.ensure_demo_data(demo.NAMES.get(o.target, "full"))["prompts"]
+    """Load the heads (one shared target) and the held-out prompts (`bench.prompt_sets.comparison_rows`),
+    each cut to its last ``prompt_tokens`` tokens."""
+    size = demo_size(o.heads[0], o.target)  # before any loading: a demo target for other heads fails here
+    target = demo.resolve(o.target) if o.target else None
     models = [infer.load(target, heads=h, dtype=o.dtype, attn_implementation=o.attn) for h in o.heads]
     # one target shared by all heads, so target.generate and every head run the same weights
     for m in models[1:]:
         m.target = models[0].target
     tok, tgt = models[0].tokenizer, models[0].target
     device = next(tgt.parameters()).device
-    rows = read_prompts(prompts_path)[: o.prompts]
+    prompts_path, rows = comparison_rows(size, o.prompts)
     encoded = [
         render_prompt(row, tok, f"{prompts_path} row {i + 1}")[:, -o.prompt_tokens :].to(device)
         for i, row in enumerate(rows)

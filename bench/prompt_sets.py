@@ -17,10 +17,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections import defaultdict
 
 import demo
 from bench.report import write_text
+from demo.spec import SPECS
+from heads import gguf
+from heads.base import read_config, resolve_dir
 from infer.prompts import read_prompts
 from train.code_prompts import code_request
 
@@ -116,3 +120,32 @@ def prompt_files(specs: list[str], demo_size: str | None, out_dir: str) -> dict[
         code = demo.ensure_demo_data(size=demo_size)["prompts"]
         sets = {"code": code, "chat": demo_chat_prompts(code, os.path.join(out_dir, "chat_prompts.jsonl"))}
     return sets
+
+
+def demo_size(heads: str, target: str | None) -> str | None:
+    """The demo size whose held-out prompts a side-by-side run of ``heads`` reads (`comparison_rows`), or None
+    for another target. ``target`` None: the heads' own target (a demo build is a directory
+    ``demo-target-<size>-s<seed>``). A demo name given for heads of another model is a one-line
+    ``ValueError`` here, before the demo target is built."""
+    raw = read_config(resolve_dir(heads))
+    if target is None:
+        found = re.fullmatch(r"demo-target-(\w+)-s\d+", os.path.basename(str(gguf.target_name(raw))))
+        return found.group(1) if found and found.group(1) in SPECS else None
+    size = demo.NAMES.get(target)
+    if size is not None:
+        spec, shape = SPECS[size], (raw.get("vocab_size"), raw.get("hidden_size"))
+        if shape != (spec.vocab_size, spec.hidden_size):
+            raise ValueError(
+                f"these heads (vocab {shape[0]}, hidden {shape[1]}) were trained on "
+                f"{gguf.target_name(raw)!r}, not the {target!r} target: leave --target out to use theirs"
+            )
+    return size
+
+
+def comparison_rows(size: str | None, n: int) -> tuple[str, list[dict]]:
+    """(path, the first ``n`` rows) of the prompts a side-by-side run reads: the demo's held-out code prompts
+    for a demo ``size``, else MT-Bench's first turns (`mt_bench_rows`)."""
+    if size is None:
+        return MT_BENCH, mt_bench_rows()[:n]
+    path = demo.ensure_demo_data(size=size)["prompts"]
+    return path, read_prompts(path)[:n]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import sys
 from dataclasses import asdict, dataclass
 
@@ -42,15 +41,13 @@ import infer
 from bench.machine import machine_info
 from bench.measure import PeakMemory
 from bench.methods import Method
-from bench.prompt_sets import MT_BENCH, mt_bench_rows
+from bench.prompt_sets import comparison_rows, demo_size
 from bench.report import SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, write_text
 from bench.run import DEFAULT_TIE_TOL, BenchmarkOptions, Session, _generate_all
 from demo.precision import fast_precision
-from demo.spec import SPECS
-from heads import gguf, registry
-from heads.base import read_config, resolve_dir
+from heads import registry
 from heads.config import option, parse_cli
-from infer.prompts import read_prompts, render_prompt
+from infer.prompts import render_prompt
 
 
 @dataclass
@@ -115,30 +112,8 @@ def _methods(o: DemoGenerateOptions, model, label: str, with_lookup: bool) -> li
     return methods
 
 
-def demo_size(o: DemoGenerateOptions) -> str | None:
-    """The demo size whose held-out prompts the comparison reads, or None for another target (then MT-Bench's
-    first turns). A demo target named for heads of other sizes is refused here, before it is built."""
-    raw = read_config(resolve_dir(o.heads))
-    if o.target is None:  # the heads' own target: a demo build is a directory demo-target-<size>-s<seed>
-        found = re.fullmatch(r"demo-target-(\w+)-s\d+", os.path.basename(str(gguf.target_name(raw))))
-        return found.group(1) if found and found.group(1) in SPECS else None
-    size = demo.NAMES.get(o.target)
-    if size is not None:
-        spec, shape = SPECS[size], (raw.get("vocab_size"), raw.get("hidden_size"))
-        if shape != (spec.vocab_size, spec.hidden_size):
-            raise ValueError(
-                f"these heads (vocab {shape[0]}, hidden {shape[1]}) were trained on "
-                f"{gguf.target_name(raw)!r}, not the {o.target!r} target: leave --target out to use theirs"
-            )
-    return size
-
-
 def _prompts(o: DemoGenerateOptions, size: str | None, tokenizer, device) -> tuple[str, list[torch.Tensor]]:
-    if size is None:
-        path, rows = MT_BENCH, mt_bench_rows()[: o.prompts]
-    else:
-        path = demo.ensure_demo_data(size=size)["prompts"]
-        rows = read_prompts(path)[: o.prompts]
+    path, rows = comparison_rows(size, o.prompts)
     encoded = [
         render_prompt(row, tokenizer, f"{path} row {i + 1}")[:, -o.prompt_tokens :].to(device)
         for i, row in enumerate(rows)
@@ -149,7 +124,7 @@ def _prompts(o: DemoGenerateOptions, size: str | None, tokenizer, device) -> tup
 def _run(o: DemoGenerateOptions, dtype: torch.dtype, with_lookup: bool, warmup: int):
     """Load target + heads in ``dtype`` and measure; returns (rows by label, mismatches, tie tolerance,
     prompts path, heads label)."""
-    size = demo_size(o)
+    size = demo_size(o.heads, o.target)
     target = demo.resolve(o.target) if o.target else None
     model = infer.load(target, heads=o.heads, dtype=dtype, merge=o.merge)
     label = f"heads ({model.heads.config.head_type}, {registry.of(model.heads).tree} tree)"

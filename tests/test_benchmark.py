@@ -355,46 +355,39 @@ def test_demo_generate_and_profile_run(tiny_demo_heads, tmp_path, one_thread, ca
 
 
 def test_demo_generate_runs_on_the_heads_own_target(tiny_demo_heads, tmp_path, monkeypatch, one_thread):
-    """Without --target, scripts/demo_generate.py compares on the target the heads were trained on: the demo
-    target with its held-out prompts, any other target on MT-Bench's first turns. A demo target named for
-    heads of another model is refused with one line before it is built."""
+    """Without --target, scripts/demo_generate.py and scripts/profile_generate.py compare on the target the
+    heads were trained on: the demo target with its held-out prompts, any other target on MT-Bench's first
+    turns. A demo target named for heads of another model is refused with one line before it is built."""
     import shutil
 
-    from bench.prompt_sets import MT_BENCH
+    from bench.prompt_sets import MT_BENCH, demo_size
     from heads import MedusaHeads, load_target, save_heads
-    from heads.config import parse_cli
     from heads.targets import resolve
 
-    def size(*argv):
-        return side_by_side.demo_size(parse_cli(side_by_side.DemoGenerateOptions, [*argv]))
-
-    assert (
-        size("--heads", tiny_demo_heads) == "tiny"
-        and size("--heads", tiny_demo_heads, "--target", "demo-tiny") == "tiny"
-    )
+    assert demo_size(tiny_demo_heads, None) == "tiny" and demo_size(tiny_demo_heads, "demo-tiny") == "tiny"
     monkeypatch.setattr(
         side_by_side.demo, "resolve", lambda *a, **k: pytest.fail("the demo target was built")
     )
-    with pytest.raises(
-        SystemExit,
-        match=r"error: these heads \(vocab 512, hidden 64\) were trained on .*demo-target-tiny-s0', not the 'demo' target: leave --target out",
-    ):
-        side_by_side.main(["--heads", tiny_demo_heads, "--target", "demo"])
+    refused = r"error: these heads \(vocab 512, hidden 64\) were trained on .*demo-target-tiny-s0', not the 'demo' target"
+    for script in (side_by_side, profile):
+        with pytest.raises(SystemExit, match=refused):
+            script.main(["--heads", tiny_demo_heads, "--target", "demo"])
     monkeypatch.undo()
 
-    other = str(
-        tmp_path / "my-chat-model"
-    )  # any other target (here the tiny demo's weights under another name)
+    other = str(tmp_path / "my-chat-model")  # another target: the tiny demo's weights under another name
     shutil.copytree(resolve("demo-tiny"), other)
     target = load_target(other)
     torch.manual_seed(0)
     heads = MedusaHeads.for_target(target, num_heads=2)
     heads.config.record_target(target)
     save_heads(heads, str(tmp_path / "heads"))
+    assert demo_size(str(tmp_path / "heads"), None) is None
     argv = ["--heads", str(tmp_path / "heads"), "--prompts", "2", "--max-new-tokens", "4", "--dtype", "fp32"]
     rows = side_by_side.main([*argv, "--no-bf16-check", "--threads", "1", "--out", str(tmp_path / "o")])
     report = json.loads((tmp_path / "o" / "results.json").read_text())
     assert report["prompts_path"] == MT_BENCH and len(rows) == 2 and all(r["identical"] for r in rows)
+    results = profile.main([*argv, "--repeats", "1", "--threads", "1"])
+    assert results["speed"]["medusa"]["identical"] == "2/2"
 
 
 def test_load_prompts_serves_tune_tree_and_the_benchmark(setup, tmp_path):
