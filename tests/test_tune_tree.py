@@ -477,15 +477,11 @@ def test_load_prompts_text_and_chat_rows(tmp_path):
         load_prompts(str(path), tok, 1)
 
 
-def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
-    """scripts/tune_tree.py's command line end to end on chat-format held-out data: accuracies, a (grid)
-    profile, the measured-τ refinement with chat prompts, inference.json written, and `infer.load`
-    picking the tree up."""
-    import infer
+def _code_target_and_heads(tmp_path):
+    """(code snippets, tokenizer, tiny target, its saved directory) with random Medusa heads (2) for it saved in
+    ``tmp_path/heads``."""
     from demo import train_tokenizer
     from heads import MedusaHeads, save_heads
-    from heads.config import parse_cli
-    from infer.tune_tree import TuneOptions, tune_tree
 
     code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
     tok = train_tokenizer(code * 20, vocab_size=300, max_length=256)
@@ -498,6 +494,18 @@ def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
     for p in heads.parameters():
         p.data.normal_(0, 0.1)
     save_heads(heads, str(tmp_path / "heads"))
+    return code, tok, target, target_dir
+
+
+def test_cli_tunes_medusa_on_chat_data_and_load_uses_it(tmp_path, one_thread):
+    """scripts/tune_tree.py's command line end to end on chat-format held-out data: accuracies, a (grid)
+    profile, the measured-τ refinement with chat prompts, inference.json written, and `infer.load`
+    picking the tree up."""
+    import infer
+    from heads.config import parse_cli
+    from infer.tune_tree import TuneOptions, tune_tree
+
+    code, tok, target, target_dir = _code_target_and_heads(tmp_path)
     rows = [
         {
             "messages": [
@@ -538,8 +546,6 @@ def test_cli_without_data_scores_the_runs_held_out_split(tmp_path, one_thread):
     """Heads whose run held out a seeded split of ``data.path`` (no ``eval_path``, as the SmolLM2 recipes
     train): tune_tree.py and eval_heads.py without ``--data`` score exactly the rows `build_datasets` held
     out for that run (its data options and ``train.seed``), and --measure-tau takes its prompts from them."""
-    from demo import train_tokenizer
-    from heads import MedusaHeads, save_heads
     from heads.config import parse_cli
     from infer.head_accuracy import EvalOptions, default_data, eval_heads, held_out_prompts
     from infer.tune_tree import TuneOptions, tune_tree
@@ -547,12 +553,7 @@ def test_cli_without_data_scores_the_runs_held_out_split(tmp_path, one_thread):
     from train.data import build_datasets
     from train.held_out import held_out
 
-    code = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i, i * i)\n"]
-    tok = train_tokenizer(code * 20, vocab_size=300, max_length=256)
-    target = tiny_model("llama", vocab_size=300)
-    target_dir = str(tmp_path / "target")
-    target.save_pretrained(target_dir)
-    tok.save_pretrained(target_dir)
+    code, tok, target, target_dir = _code_target_and_heads(tmp_path)
     rows = [
         {
             "messages": [
@@ -565,11 +566,6 @@ def test_cli_without_data_scores_the_runs_held_out_split(tmp_path, one_thread):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     heads_dir = tmp_path / "heads"
-    torch.manual_seed(0)
-    heads = MedusaHeads.for_target(target, num_heads=2)
-    for p in heads.parameters():
-        p.data.normal_(0, 0.1)
-    save_heads(heads, str(heads_dir))
     cfg = load_config(
         None,
         [f"target.name_or_path={target_dir}", f"data.path={data}", "data.eval_fraction=0.25", "train.seed=3"],
