@@ -135,6 +135,9 @@ def knob_for(values: list[str], label: str, labels: list[str], flag: str) -> lis
     return parse_list(own if own is not None else common)
 
 
+ADAPTIVE = {"on": (True,), "off": (False,), "both": (True, False)}  # --adaptive: the rows per tree setting
+
+
 def heads_methods(options, target, heads_specs: list[tuple[str, str]]) -> list[Method]:
     """One Method per (heads, tree setting). Medusa: ``--tree`` (sizes, 'default' or a JSON file of
     paths); EAGLE/EAGLE-3: ``--total-tokens`` (sizes or 'default') with ``--depth``/``--draft-top-k``.
@@ -147,7 +150,12 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]]) -> list[M
         kind, tree_kind = model.heads.config.head_type, registry.of(model.heads).tree
 
         def add(size: int, desc: str, kwargs: dict, label=label, kind=kind, model=model) -> None:
-            methods.append(Method(f"{label} [{size} tok]", "heads", label, kind, size, desc, kwargs, model))
+            for adapt in ADAPTIVE[options.adaptive]:  # the fixed tree's row: "<label> [N tok] fixed"
+                name = f"{label} [{size} tok]" + ("" if adapt else " fixed")
+                kw = kwargs if adapt else {**kwargs, "adaptive": False}
+                methods.append(
+                    Method(name, "heads", label, kind, size, desc + ("" if adapt else ", fixed"), kw, model)
+                )
 
         if tree_kind == "static":
             for opt in knob_for(options.tree, label, labels, "--tree") or ["default"]:

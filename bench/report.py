@@ -58,7 +58,7 @@ def markdown(report: dict) -> str:
         "summed over prompts (n/a: not reported by this infer.generate). [a-b]: 95% bootstrap interval "
         "over prompts (paired with target.generate on each prompt; it does not cover run-to-run drift). "
         "Tree: the heads' tree; infer.generate adapts it per step by default (its tokens verified per step, "
-        "mean, and steps without drafts).",
+        "mean, and steps without drafts); 'fixed': the same tree every step (--adaptive off).",
         "",
         "| prompts | mode | method | tree | τ (p10/p50/p90) | tok/s median (min-max) | speedup total | "
         "speedup median | efficiency | draft/verify/other s | peak MiB | identical |",

@@ -70,6 +70,10 @@ class BenchmarkOptions:
         help="[LABEL:]LIST: EAGLE-2 tree sizes (root incl.): comma list or 'default'; repeatable"
     )
     depth: int | None = option(None, help="EAGLE-2 max draft depth")
+    adaptive: str = option(
+        "on",
+        help="infer.generate's adaptive tree: on (its default), off (the fixed tree) or both (a row each)",
+    )
     draft_top_k: int | None = option(None, help="EAGLE-2 frontier width / children per node")
     verify_cost: str = option("1,2,4,8,16,32,64", help="k values to time a k-token verify; '' off")
     seed: int = option(0, help="sampling seed (per prompt: seed*1000 + index)")
@@ -94,6 +98,8 @@ class BenchmarkOptions:
             raise ValueError(f"--modes must list greedy and/or sample, got {self.modes!r}")
         if self.limit < 1 or self.max_new_tokens < 1:
             raise ValueError("--limit and --max-new-tokens must be >= 1")
+        if self.adaptive not in ("on", "off", "both"):
+            raise ValueError(f"--adaptive must be on, off or both, got {self.adaptive!r}")
 
 
 def parse_pairs(specs: list[str], labels: list[str]) -> list[tuple[str, str]]:

@@ -178,6 +178,32 @@ def test_outputs_schema(setup, tmp_path):
     assert "Paired comparisons" in md and "| τ A - τ B |" in md
 
 
+def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
+    """--adaptive both: each heads setting gets a second row, "<label> [N tok] fixed", that verifies its
+    full tree at every step (infer.generate(adaptive=False)); the adaptive row is the default's."""
+    root, target, prompts = setup
+    argv = _common(root, target, prompts, tmp_path) + [
+        "--heads",
+        f"eagle={root / 'eagle'}",
+        "--total-tokens",
+        "8",
+    ]
+    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "both"])
+    assert status == 0 and report["ok"] is True
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] fixed"}
+    fixed = rows["eagle [8 tok] fixed"]["tree_sizes_used"]
+    # the full tree every step; only a prompt's last token (one left to emit) is verified without drafts
+    assert (
+        set(fixed["histogram"]) <= {"8", "1"}
+        and fixed["histogram"].get("1", 0) <= 2 < fixed["histogram"]["8"]
+    )
+    assert rows["eagle [8 tok]"]["tree_sizes_used"]["histogram"] != fixed["histogram"]  # the adapted one
+    assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
+    with pytest.raises(ValueError, match="--adaptive must be on, off or both"):
+        bench.BenchmarkOptions(adaptive="sometimes")
+
+
 class _Corrupting(bench.Method):
     """target.generate with the 3rd new token replaced: a greedy method that is wrong."""
 
