@@ -201,7 +201,8 @@ def test_documented_command_parses(doc, argv, capsys, monkeypatch):
 
 EXPERIMENTS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "experiments", "*.py")))
 RESULTS_READMES = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "results", "*", "README.md"))
+    os.path.relpath(p, ROOT)
+    for p in glob.glob(os.path.join(ROOT, "results", "**", "README.md"), recursive=True)
 )
 
 
