@@ -196,7 +196,7 @@ def refine_eagle(
     profile: dict,
     draft_s: dict,
     max_new_tokens: int,
-    extra_total_tokens: tuple[int, ...] = (32, 48, 64),
+    extra_total_tokens: tuple[int, ...] = (16, 24, 32, 48, 64),
 ):
     """Re-decide EAGLE-2's budget with measured τ. The candidates, for every depth, are the best
     ``total_tokens`` by the static estimate and ``extra_total_tokens``, plus the default; each is priced

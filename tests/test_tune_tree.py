@@ -383,8 +383,9 @@ def test_refine_eagle_picks_by_measured_tau(tmp_path, one_thread):
     prompts = [torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(s)) for s in (100, 101)]
     tree = refine_eagle(model, tree, prompts, prof, draft, max_new_tokens=24)
     cands = tree["tuning"]["refined"]["candidates"]
-    # per depth: the static best and 32, 48, 64 (deduplicated); plus the default
-    assert "default" in cands and 7 <= len(cands) <= 9
+    # per depth: the static best and 16, 24, 32, 48, 64 (deduplicated); plus the default
+    assert "default" in cands and 11 <= len(cands) <= 13  # 2 depths x (5 sizes + the static best) + 1
+    assert all(f"depth={d},total_tokens={t}" in cands for d in (2, 6) for t in (16, 24, 32, 48, 64))
     best = max(cands.values(), key=lambda c: c["expected_tokens_per_s"])
     assert {k: tree[k] for k in ("depth", "total_tokens", "draft_top_k")} == {
         k: best[k] for k in ("depth", "total_tokens", "draft_top_k")
