@@ -25,6 +25,14 @@ from heads.registry import REGISTRY
 CARD_NAME = "README.md"
 EVAL_NAME = "eval_results.json"
 TRAIN_CONFIG_NAME = "train_config.yaml"
+
+
+def is_run_config(path: str) -> bool:
+    """Whether ``path`` names a training run's ``train_config.yaml`` (the scripts that score heads read it
+    as that run's held-out rows) rather than a data file."""
+    return os.path.basename(path) == TRAIN_CONFIG_NAME and os.path.isfile(path)
+
+
 _ACCURACY_COLUMNS = {  # eval_results.json key -> column title (`train.evaluation`)
     "top1_vs_target": "top-1 vs target",
     "top1_vs_data": "top-1 vs data",

@@ -191,9 +191,7 @@ class BatchTreeMask:
         self.vis = {k: torch.zeros(shape, dtype=torch.bool, device=dev) for k in self.kinds}
         # additive buffers only for the masks handed out: a sliding-only model needs no full one
         handed = self.kinds if self.mixed else self.kinds[-1:]
-        self.add = (
-            {k: torch.zeros(shape, dtype=self.additive, device=dev) for k in handed} if self.additive else {}
-        )
+        self.add = {k: torch.zeros(shape, dtype=self.additive, device=dev) for k in handed} if self.additive else {}
 
     def __call__(self, kv_pos: Tensor, ancestors: Tensor, q_pos: Tensor):
         """kv_pos [B, S] long (-1: a hole), ancestors [B, n, n] bool, q_pos [B, n] long -> the mask

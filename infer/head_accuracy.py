@@ -261,11 +261,6 @@ def default_data(heads_dir: str) -> str | None:
     )
 
 
-def is_run_config(data: str) -> bool:
-    """Whether ``data`` names a training run's config (its held-out rows) rather than a data file."""
-    return os.path.basename(data) == TRAIN_CONFIG_NAME and os.path.isfile(data)
-
-
 def held_out_prompts(load_batches: BatchLoader, data: str, tokenizer, n: int, skip: int) -> list[Tensor]:
     """Prompts [1, T] of held-out rows ``skip .. skip+n-1`` read through ``load_batches``: each row's tokens
     before its first label (a chat row: up to its first answer; a row labelled from the start: its first

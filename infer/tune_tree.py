@@ -38,7 +38,7 @@ from torch import Tensor
 
 import infer
 from heads import registry
-from heads.card import TRAIN_CONFIG_NAME
+from heads.card import TRAIN_CONFIG_NAME, is_run_config
 from infer.cost import measure_draft, measure_profile, remember
 from infer.head_accuracy import (
     BatchLoader,
@@ -46,7 +46,6 @@ from infer.head_accuracy import (
     default_depth,
     evaluate_heads,
     held_out_prompts,
-    is_run_config,
     load_all,
     summary,
     table,

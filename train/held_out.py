@@ -6,6 +6,7 @@ never imports `train`: training-format data is train's business.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import datasets
@@ -13,7 +14,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from heads.card import TRAIN_CONFIG_NAME
+from heads.card import is_run_config
 from train.data import DataConfig, _runs, _tokenize_runs, build_datasets, collate
 
 
@@ -21,7 +22,14 @@ def held_out(config_path: str, tokenizer) -> datasets.Dataset:
     """The tokenized held-out rows of the training run that wrote ``config_path`` (its ``train_config.yaml``):
     what `build_datasets` gave that run for eval, from the same data options and ``train.seed``, so the
     seeded split of ``data.path`` (no ``eval_path``) comes out the same rows as long as the data is unchanged.
-    A file that is not such a config is a one-line ``ValueError``."""
+    A file that is not such a config is a one-line ``ValueError``. Tokenized once per config file (as it is
+    on disk) and tokenizer: tree tuning reads the rows three times."""
+    path = os.path.realpath(config_path)
+    return _held_out(path, os.stat(path).st_mtime_ns, tokenizer)
+
+
+@functools.lru_cache(maxsize=2)
+def _held_out(config_path: str, mtime_ns: int, tokenizer) -> datasets.Dataset:
     try:
         raw = OmegaConf.load(config_path)
         data = OmegaConf.to_container(raw.data, resolve=True)
@@ -40,7 +48,7 @@ def eval_batches(data: str, tokenizer, max_examples: int, max_length: int, batch
     (`held_out`), each cut to ``max_length`` tokens. The held-out data `infer.head_accuracy` and
     `infer.tune_tree` score the heads on (the scripts pass this loader in, so `infer` never imports
     `train`)."""
-    if os.path.basename(data) == TRAIN_CONFIG_NAME and os.path.isfile(data):
+    if is_run_config(data):
         ds = held_out(data, tokenizer)
         ds = ds.select(range(min(max_examples, len(ds))))
         rows = [{k: ds[i][k][:max_length] for k in ("input_ids", "loss_mask")} for i in range(len(ds))]
