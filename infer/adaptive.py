@@ -11,7 +11,12 @@ c(k) = verify_s[k-1] / verify_s[0] is the measured verify-cost curve (`infer.cos
 cost per depth level over verify_s[0] (timed on the host per propose, or given for the full tree), and
 α the per-depth acceptance of a chain: with L drafts accepted of a chain of depth d, L successes
 and one failure if L < d, so α = ΣL / Σ(L + [L < d]) (the maximum-likelihood estimate of a geometric
-run). The chain's depth is the d that maximises its rate.
+run). The chain's depth is the d that maximises its rate. α and τ̄_tree pool every step seen so far,
+each step's weight shrinking by (1 - 1/``memory``) per later step (about ``memory`` steps of evidence): a
+4-step window alone is too noisy to judge good drafts by (with α = 0.5, one such window in five accepts
+at most one draft, and pricing each window alone left decoding plain on 20-25% of the steps of heads that
+pay; results/smollm2-eagle31/adaptive-memory/), while a first window of useless drafts, far below the bar,
+still drops them at once.
 
 A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless
 or slow drafts cost little before they are found out) and tries the tree after one window if the
@@ -51,7 +56,8 @@ class Adaptive:
     propose of the full tree, in the same unit, None: timed on the host each step (on CUDA that is the
     launch time); every: steps per decision; probe / max_probe: steps before a mode below the tree
     tries the next one up, first and at most (doubling after each failed try); margin: how much a mode
-    must beat the one below it (plain decoding: rate 1) to be kept."""
+    must beat the one below it (plain decoding: rate 1) to be kept; memory: steps of acceptance evidence
+    the rates are priced from (each step's weight decays by 1 - 1/memory per step)."""
 
     verify_s: Sequence[float] | None = None
     draft_s: float | None = None
@@ -59,9 +65,10 @@ class Adaptive:
     probe: int = 16
     max_probe: int = 256
     margin: float = 0.03
+    memory: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("every", "probe", "max_probe"):
+        for name in ("every", "probe", "max_probe", "memory"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Adaptive.{name} must be an int >= 1, got {v!r}")
@@ -91,7 +98,9 @@ class Adapter:
         given = None if opts.draft_s is None else opts.draft_s / base / self.depth
         self.draft_level: dict[int, float | None] = {TREE: given, CHAIN: None}  # per depth level drafted
         self.tree_nodes = self.depth + 1  # the full tree's size, as last seen
-        self.alpha = {CHAIN: [0.0, 0.0], TREE: [0.0, 0.0]}  # [ΣL, Σtrials], decayed per window
+        self.alpha = {CHAIN: [0.0, 0.0], TREE: [0.0, 0.0]}  # [ΣL, Σtrials], decayed per step
+        self.tree_tau = [0.0, 0.0]  # the tree's [Σaccepted, Σsteps], decayed per step
+        self.keep = 1.0 - 1.0 / opts.memory
         self.rate = {NONE: 1.0, CHAIN: None, TREE: None}
         # steps before probing this mode: the tree right after a first chain window that pays
         self.wait = {CHAIN: opts.probe, TREE: opts.every}
@@ -142,6 +151,8 @@ class Adapter:
         included) and depth ``drafted`` (0: no drafts)."""
         self.modes_used[MODES[self.mode]] += 1
         self.since += 1
+        for stat in (*self.alpha.values(), self.tree_tau):  # acceptance drifts with the text
+            stat[0], stat[1] = stat[0] * self.keep, stat[1] * self.keep
         if self.mode == NONE:
             if self.since >= self.wait[CHAIN] and self._can_pay():
                 self._switch(CHAIN, probe=True)
@@ -151,6 +162,8 @@ class Adapter:
         self.window.append((accepted, nodes, drafted))
         if self.mode == TREE:
             self.tree_nodes = max(self.tree_nodes, nodes)
+            self.tree_tau[0] += accepted
+            self.tree_tau[1] += 1
         if drafted:
             L = accepted - 1
             stat = self.alpha[self.mode]
@@ -197,16 +210,13 @@ class Adapter:
 
     def _decide(self) -> None:
         m, win = self.mode, self.window
-        tau = sum(a for a, _, _ in win) / len(win)
-        nodes = max(n for _, n, _ in win)
-        depth = max(d for _, _, d in win) or 1
-        r = tau / (self.c(nodes) + self.draft(m) * depth)
-        self.rate[m] = r
-        for stat in self.alpha.values():  # older windows count less: acceptance drifts with the text
-            stat[0], stat[1] = stat[0] * 0.5, stat[1] * 0.5
-        self.window = []
         if m == CHAIN:
-            self.chain_depth = self._chain(self._alpha(CHAIN))[0]
+            self.chain_depth, r = self._chain(self._alpha(CHAIN))
+        else:
+            nodes, depth = max(n for _, n, _ in win), max(d for _, _, d in win) or 1
+            r = self.tree_tau[0] / self.tree_tau[1] / (self.c(nodes) + self.draft(m) * depth)
+        self.rate[m] = r
+        self.window = []
         if self.probing_from is not None:  # a probe ended: keep it only if it beat its base
             base, bar = self.probing_from, self._bar()
             self.probing_from = None

@@ -6,6 +6,7 @@ the decisions are deterministic: the tests count steps and verified nodes, never
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -16,7 +17,7 @@ from test_generate import GEN_LENS, heads_for, model, prompt, reference
 
 import infer
 from infer import cost
-from infer.adaptive import Adaptive
+from infer.adaptive import Adapter, Adaptive
 from infer.generate import speculative_generate
 
 small_target = small_target  # the module-scoped fixture, collected here too
@@ -36,9 +37,10 @@ def generate(key, kind: str, i: int, adaptive, n: int | None = None):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_useless_drafts_fall_back_to_plain_decoding(arch):
-    """Random heads: within three windows (a chain window, at most one tree window when a lucky draft
-    made the chain pay, then a chain window) the adapter verifies the root alone, apart from short chain
-    probes whose waits double; verified tokens ≈ plain decoding's one per forward."""
+    """Random heads: within five windows (a chain window, at most one tree window when a lucky draft
+    made the chain pay, then chain windows while that draft's weight in α decays) the adapter verifies
+    the root alone, apart from short chain probes whose waits double; verified tokens ≈ plain decoding's
+    one per forward."""
     key = (arch,)
     for i in range(2):
         out = generate(key, "random", i, COSTS, LONG)
@@ -46,9 +48,10 @@ def test_useless_drafts_fall_back_to_plain_decoding(arch):
         st = out.stats
         sizes = st.tree_sizes
         assert len(sizes) == len(st.accepted_lengths) == st.num_target_forwards - 1
-        assert all(n == 1 for n in sizes[12 : 4 + COSTS.probe])  # plain after at most three windows
+        first = sizes.index(1)
+        assert first <= 5 * COSTS.every and all(n == 1 for n in sizes[first : first + COSTS.probe])
         assert st.adaptive["steps"]["tree"] <= COSTS.every
-        assert st.steps_without_drafts >= 0.8 * len(sizes)
+        assert st.steps_without_drafts >= 0.75 * len(sizes)  # the rest: first windows and probes
         assert st.adaptive["final"] == "none"
         assert sum(sizes) <= 1.5 * len(sizes) + 4 * max(sizes)  # nodes verified ≈ one per forward
         # target forwards ≈ plain decoding's (one per new token)
@@ -180,3 +183,47 @@ def test_compiled_path_adapts_on_request():
     out = infer.generate(m, prompt(0), max_new_tokens=GEN_LENS[0], compile="eager", adaptive=fast)
     assert out.sequences.tolist() == ref
     assert len(set(out.stats.tree_sizes)) >= 3, out.stats.tree_sizes
+
+
+# verify cost of k tokens in plain steps, SmolLM2-135M-Instruct in bf16 on 2 cores
+# (results/smollm2-eagle31/more-steps/adaptive.md), linear between the measured k
+SMOLLM2_COST = {1: 1.0, 2: 1.10, 4: 1.11, 8: 1.14, 16: 1.24, 32: 1.35, 64: 1.68}
+
+
+def _replay(alpha: float, seed: int, steps: int = 600, draft_s: float = 0.43) -> tuple[Counter, float]:
+    """The adapter fed seeded acceptances (no model): each draft depth of a chain is accepted with
+    probability ``alpha`` (a 48-node depth-6 tree's with alpha + 0.1). Returns the steps per mode and the
+    tokens per plain step of time."""
+    ks = sorted(SMOLLM2_COST)
+    curve = []
+    for k in range(1, 65):
+        lo = max(x for x in ks if x <= k)
+        hi = min(x for x in ks if x >= k)
+        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        curve.append(SMOLLM2_COST[lo] + w * (SMOLLM2_COST[hi] - SMOLLM2_COST[lo]))
+    rng = random.Random(seed)
+    adapter = Adapter(Adaptive(verify_s=curve, draft_s=draft_s), curve, depth=6)
+    modes, tokens, time_ = Counter(), 0, 0.0
+    for _ in range(steps):
+        depth, width = adapter.shape()
+        nodes = 1 if depth == 0 else depth + 1 if width == 1 else 48
+        p = alpha + 0.1 if nodes == 48 else alpha
+        accepted = 1 + next((j for j in range(depth) if rng.random() >= p), depth)
+        adapter.observe(accepted, nodes, depth)
+        modes["none" if depth == 0 else "chain" if width == 1 else "tree"] += 1
+        tokens += accepted
+        time_ += curve[nodes - 1] + (draft_s * depth / 6 if depth else 0.0)
+    return modes, tokens / time_
+
+
+def test_drafts_that_pay_keep_drafting_through_unlucky_windows():
+    """Chains accepting each depth with probability 0.5 pay about 1.5x on SmolLM2's costs, yet one 4-step
+    window in five accepts at most one draft: pricing from the pooled, decaying evidence (``memory``)
+    keeps drafting (a window priced alone left 20-35% of steps plain). Useless drafts still go plain."""
+    for seed in range(3):
+        modes, rate = _replay(0.5, seed)
+        assert modes["none"] <= 0.05 * sum(modes.values()), modes
+        assert rate > 1.28  # a fixed depth-6 chain: 1.29
+        modes, rate = _replay(0.02, seed)
+        assert modes["none"] >= 0.8 * sum(modes.values()), modes
+        assert rate > 0.98
