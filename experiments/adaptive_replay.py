@@ -27,6 +27,7 @@ sys.path.insert(
 )  # experiments/ sits beside the packages
 
 from infer.adaptive import Adapter, Adaptive  # noqa: E402
+from infer.tree_choice import interpolate  # noqa: E402
 
 SMOLLM2 = {1: 1.0, 2: 1.10, 4: 1.11, 8: 1.14, 16: 1.24, 32: 1.35, 64: 1.68}
 
@@ -41,20 +42,9 @@ SCENARIOS = {
 }
 
 
-def curve(points: dict[int, float], n: int = 64) -> list[float]:
-    """c(k) for k = 1..n, linear between the measured k."""
-    ks = sorted(points)
-    out = []
-    for k in range(1, n + 1):
-        lo, hi = max(x for x in ks if x <= k), min(x for x in ks if x >= k)
-        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
-        out.append(points[lo] + w * (points[hi] - points[lo]))
-    return out
-
-
 def replay(alpha_at, args, seed: int, memory: int | None, fixed: str | None = None) -> tuple[float, float]:
     """(tokens per plain step of time, share of plain steps) over ``args.tokens`` tokens."""
-    c = curve(SMOLLM2)
+    c = interpolate(list(SMOLLM2), list(SMOLLM2.values()), 64)  # c(k), k = 1..64, linear between
     rng = random.Random(seed)
     opts = {"verify_s": c, "draft_s": args.draft}
     if memory is not None:

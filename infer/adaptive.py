@@ -20,8 +20,8 @@ still drops them at once.
 
 A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless
 or slow drafts cost little before they are found out) and tries the tree after one window if the
-chain pays. Every ``every`` steps the current mode's window is priced, sooner when even all its remaining steps
-accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after
+chain pays. Every ``every`` steps the current mode is priced, sooner when even all its window's
+remaining steps accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after
 one or two steps). Draft costs are kept per mode (a chain drafts one node per level, an EAGLE tree its
 whole frontier). The tree drops to the better of a chain (priced with the tree's α, an optimistic
 guess the chain's own window then checks) and plain decoding; a chain drops to plain decoding when it

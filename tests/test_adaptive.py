@@ -19,6 +19,7 @@ import infer
 from infer import cost
 from infer.adaptive import Adapter, Adaptive
 from infer.generate import speculative_generate
+from infer.tree_choice import interpolate
 
 small_target = small_target  # the module-scoped fixture, collected here too
 # a verify-cost curve where k tokens cost 1 + 0.02 (k - 1) single steps (a 33-node tree: 1.64), and a
@@ -194,13 +195,7 @@ def _replay(alpha: float, seed: int, steps: int = 600, draft_s: float = 0.43) ->
     """The adapter fed seeded acceptances (no model): each draft depth of a chain is accepted with
     probability ``alpha`` (a 48-node depth-6 tree's with alpha + 0.1). Returns the steps per mode and the
     tokens per plain step of time."""
-    ks = sorted(SMOLLM2_COST)
-    curve = []
-    for k in range(1, 65):
-        lo = max(x for x in ks if x <= k)
-        hi = min(x for x in ks if x >= k)
-        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
-        curve.append(SMOLLM2_COST[lo] + w * (SMOLLM2_COST[hi] - SMOLLM2_COST[lo]))
+    curve = interpolate(list(SMOLLM2_COST), list(SMOLLM2_COST.values()), 64)
     rng = random.Random(seed)
     adapter = Adapter(Adaptive(verify_s=curve, draft_s=draft_s), curve, depth=6)
     modes, tokens, time_ = Counter(), 0, 0.0
