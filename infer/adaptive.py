@@ -18,18 +18,18 @@ at most one draft, and pricing each window alone left decoding plain on 20-25% o
 pay; results/smollm2-eagle31/adaptive-memory/), while a first window of useless drafts, far below the bar,
 still drops them at once.
 
-A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless
-or slow drafts cost little before they are found out) and tries the tree after one window if the
-chain pays. Every ``every`` steps the current mode is priced, sooner when even all its window's
-remaining steps accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after
-one or two steps). Draft costs are kept per mode (a chain drafts one node per level, an EAGLE tree its
-whole frontier). The tree drops to the better of a chain (priced with the tree's α, an optimistic
-guess the chain's own window then checks) and plain decoding; a chain drops to plain decoding when it
-does not beat plain by ``margin``. A mode below the tree
-probes the next one up for one window after ``probe`` steps; a probe that does not beat its base by
-``margin`` goes back and doubles that wait (up to ``max_probe``), one that does stays. With useless
-drafts this costs the first steps and one or two steps per probe, whose waits double; drafts too slow
-to pay even when always right are not probed again before ``max_probe`` steps.
+A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless or
+slow drafts cost little before they are found out) and tries the tree after one window if the chain pays.
+Every ``every`` steps the current mode is priced, sooner when even all its window's remaining steps
+accepting every draft could not beat the mode below (`Adapter._hopeless`: expensive drafts leave after one
+or two steps). Draft costs are kept per mode (a chain drafts one node per level, an EAGLE tree its whole
+frontier). The tree drops to the better of a chain (priced with the tree's α, an optimistic guess the
+chain's own window then checks) and plain decoding; a chain drops to plain decoding when it does not beat
+plain by ``margin``. A mode below the tree probes the next one up for one window after ``probe`` steps; a
+probe that does not beat its base by ``margin`` goes back and doubles that wait (up to ``max_probe``), one
+that does stays. With useless drafts this costs the first steps and one or two steps per probe, whose
+waits double; drafts too slow to pay even when always right are not probed again before ``max_probe``
+steps.
 
 Everything the adapter reads is on the host already (the accepted lengths of the step's one host sync,
 the tree's size, host timers), so it adds no device sync. The output does not depend on the tree:
