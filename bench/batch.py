@@ -111,8 +111,8 @@ def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch
 def run_cell(way: str, spec, target, rows, n: int, sampling: bool, seed: int) -> dict:
     """One timed run of one way on the given prompts -> {tokens, seconds, tau, row_tau, outputs}."""
     g = torch.Generator().manual_seed(seed)
-    # the fixed tree in every way: a batch never adapts, so the one-by-one calls must not either
-    kw = {"max_new_tokens": n, "do_sample": sampling, "adaptive": False}
+    # the fixed tree in every way: a batch never adapts nor looks up, so the one-by-one calls must not either
+    kw = {"max_new_tokens": n, "do_sample": sampling, "adaptive": False, "lookup": 0}
     pad = target.generation_config.pad_token_id or 0
     outs, taus, acc = [], [], []
     t0 = time.perf_counter()

@@ -99,7 +99,7 @@ def selfspec_run(o: argparse.Namespace, ids: list[list[int]], model) -> dict:
     for row in ids:
         x = torch.tensor([row], device=device)
         out = infer.generate(
-            model, x, max_new_tokens=o.max_new_tokens, do_sample=False, adaptive=False, **shape
+            model, x, max_new_tokens=o.max_new_tokens, do_sample=False, adaptive=False, lookup=0, **shape
         )
         new.append(out.sequences[0, len(row) :].tolist())
         lengths += out.stats.accepted_lengths

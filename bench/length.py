@@ -92,9 +92,9 @@ def _ways(target, spec):
         return target.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0, streamer=streamer)
 
     def speculative(prompt, n, streamer):
-        # the fixed tree (adaptive=False): per-step cost against length, one tree throughout
+        # the fixed tree (no adaptation, no lookup): per-step cost against length, one tree throughout
         out = infer.generate(
-            spec, prompt, max_new_tokens=n, do_sample=False, streamer=streamer, adaptive=False
+            spec, prompt, max_new_tokens=n, do_sample=False, streamer=streamer, adaptive=False, lookup=0
         )
         return out.sequences
 

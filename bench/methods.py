@@ -151,11 +151,14 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]]) -> list[M
 
         def add(size: int, desc: str, kwargs: dict, label=label, kind=kind, model=model) -> None:
             for adapt in ADAPTIVE[options.adaptive]:  # the fixed tree's row: "<label> [N tok] fixed"
-                name = f"{label} [{size} tok]" + ("" if adapt else " fixed")
-                kw = kwargs if adapt else {**kwargs, "adaptive": False}
-                methods.append(
-                    Method(name, "heads", label, kind, size, desc + ("" if adapt else ", fixed"), kw, model)
-                )
+                for look in parse_list(options.lookup):  # "+lookup(k)" / "no lookup" unless the default
+                    name = f"{label} [{size} tok]" + ("" if adapt else " fixed")
+                    kw = kwargs if adapt else {**kwargs, "adaptive": False}
+                    more = "" if adapt else ", fixed"
+                    if look != "default":
+                        name += f" +lookup({look})" if int(look) else " no lookup"
+                        kw, more = {**kw, "lookup": int(look)}, more + f", lookup {look}"
+                    methods.append(Method(name, "heads", label, kind, size, desc + more, kw, model))
 
         if tree_kind == "static":
             for opt in knob_for(options.tree, label, labels, "--tree") or ["default"]:

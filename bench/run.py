@@ -75,6 +75,11 @@ class BenchmarkOptions:
         help="infer.generate's adaptive tree: on (its default), off (the fixed tree) or both (a row each)",
     )
     draft_top_k: int | None = option(None, help="EAGLE-2 frontier width / children per node")
+    lookup: str = option(
+        "default",
+        help="infer.generate's prompt-lookup branch: 'default' (its default) or a comma list of token "
+        "counts, a row each (0: the heads' tree alone)",
+    )
     verify_cost: str = option("1,2,4,8,16,32,64", help="k values to time a k-token verify; '' off")
     seed: int = option(0, help="sampling seed (per prompt: seed*1000 + index)")
     threads: int | None = option(None, help="torch CPU threads (default: all cores)")
@@ -100,6 +105,11 @@ class BenchmarkOptions:
             raise ValueError("--limit and --max-new-tokens must be >= 1")
         if self.adaptive not in ("on", "off", "both"):
             raise ValueError(f"--adaptive must be on, off or both, got {self.adaptive!r}")
+        lookups = parse_list(self.lookup)
+        if not lookups or not all(v == "default" or (v.isdigit() and int(v) <= 64) for v in lookups):
+            raise ValueError(
+                f"--lookup takes 'default' or a comma list of ints in [0, 64], got {self.lookup!r}"
+            )
 
 
 def parse_pairs(specs: list[str], labels: list[str]) -> list[tuple[str, str]]:

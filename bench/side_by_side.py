@@ -128,6 +128,8 @@ def _run(o: DemoGenerateOptions, dtype: torch.dtype, with_lookup: bool, warmup: 
     target = demo.resolve(o.target) if o.target else None
     model = infer.load(target, heads=o.heads, dtype=dtype, merge=o.merge)
     label = f"heads ({model.heads.config.head_type}, {registry.of(model.heads).tree} tree)"
+    if model.settings.lookup:  # infer.generate's default adds prompt lookup's chain to every tree
+        label += f" + lookup ({model.settings.lookup})"
     device = next(model.target.parameters()).device
     path, encoded = _prompts(o, size, model.tokenizer, device)
     tie_tol = DEFAULT_TIE_TOL.get(dtype, 0.0)

@@ -92,13 +92,15 @@ def measure(name: str, new_tokens: int, repeats: int, dtype: torch.dtype) -> dic
     with torch.inference_mode():
         _plain(target, ids, 4)  # warm-up
         for m in models.values():
-            infer.generate(m, ids, max_new_tokens=8, do_sample=False)
+            infer.generate(m, ids, max_new_tokens=8, do_sample=False, lookup=0)
         plain, prefill, runs = [], [], {label: [] for label in models}
         for _ in range(repeats):  # interleaved, so drift in the machine's speed hits every method alike
             plain.append(_plain(target, ids, new_tokens))
             prefill.append(_prefill(target, ids))
             for label, m in models.items():
-                out = infer.generate(m, ids, max_new_tokens=new_tokens, do_sample=False, timing=True)
+                out = infer.generate(
+                    m, ids, max_new_tokens=new_tokens, do_sample=False, timing=True, lookup=0
+                )
                 runs[label].append(out.stats)
     # plain decode token: (generate - prefill) / (n - 1), the first token coming with the prefill
     t_token = (statistics.median(plain) - statistics.median(prefill)) / (new_tokens - 1)

@@ -295,6 +295,7 @@ def generate(
     typical_delta: float | None = None,
     attention_mask: Tensor | None = None,
     adaptive: bool | Adaptive | None = None,
+    lookup: int | None = None,
     **options,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
@@ -331,9 +332,19 @@ def generate(
     ``compile`` the default is a fixed tree (every new tree shape is a new graph to compile; pass
     ``adaptive=True`` to adapt anyway). The output is the same tokens (greedy) and the same
     distribution (exact sampling) whatever the tree.
+
+    ``lookup`` (default ``model.settings.lookup``, 8, for one unpadded row without ``compile``; 0 for a
+    batch): every tree also holds prompt lookup's drafts, the up to ``lookup`` tokens that followed the
+    text's last 3, 2 or 1 tokens where they occurred before in the prompt or the output (`infer.lookup`).
+    One verify forward checks both and the longest accepted path wins; ``stats.lookup_accepted``
+    counts the drafts it gave. ``lookup=0``: the heads' tree alone.
     """
     if adaptive is None:
         adaptive = not options.get("compile")
+    if lookup is None:
+        rows = input_ids.shape[0] if input_ids.dim() == 2 else 1
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        lookup = model.settings.lookup if rows == 1 and not padded and not options.get("compile") else 0
     if isinstance(adaptive, bool):
         adaptive = Adaptive() if adaptive else None
     elif not isinstance(adaptive, Adaptive):
@@ -348,5 +359,6 @@ def generate(
         typical_delta=s.typical_delta if typical_delta is None else typical_delta,
         attention_mask_2d=attention_mask,
         adaptive=adaptive,
+        lookup=lookup,
         **options,
     )

@@ -32,6 +32,7 @@ from infer.arguments import Job, context_length, prepare
 from infer.compiled import backend_of
 from infer.cost import verify_seconds
 from infer.draft import BatchProposer, Proposer
+from infer.lookup import NgramIndex, graft_chain
 from infer.runner import BatchRunner, TreeRunner
 from infer.settings import DEFAULTS
 from infer.support import check_target
@@ -58,9 +59,10 @@ class GenerationStats:
     after row (so ``mean_accepted_length`` is the total τ over row-steps), ``new_tokens`` is their
     sum and ``num_target_forwards`` counts batched forwards.
 
-    ``tree_sizes``: the nodes each verify step verified (root included; 1: no drafts, a plain decoding
-    step, counted by ``steps_without_drafts``). ``adaptive`` (None with a fixed tree): what
-    `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none": steps}, "final": mode,
+    ``tree_sizes``: the nodes each verify step verified (root included, prompt lookup's chain too; 1: no
+    drafts, a plain decoding step, counted by ``steps_without_drafts``). ``lookup_accepted``: drafts
+    accepted from prompt lookup's branch (`infer.lookup`) rather than the heads' tree. ``adaptive``
+    (None with a fixed tree): what `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none": steps}, "final": mode,
     "chain_depth": d}``."""
 
     accepted_lengths: list[int] = field(default_factory=list)
@@ -74,6 +76,7 @@ class GenerationStats:
     rows: list[GenerationStats] = field(default_factory=list)
     tree_sizes: list[int] = field(default_factory=list)
     adaptive: dict | None = None
+    lookup_accepted: int = 0
 
     @property
     def steps_without_drafts(self) -> int:
@@ -217,14 +220,18 @@ def speculative_generate(
     timing: bool = False,
     compile: bool | str = False,
     adaptive: Adaptive | None = None,
+    lookup: int = 0,
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
     input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch.
     ``compile``: the verify forward (`infer.compiled.CompiledStep`) and the proposer's draft step run under
     ``torch.compile`` (True: inductor, a string: that dynamo backend), batches included; see `infer.generate`.
     ``adaptive`` (`infer.adaptive.Adaptive`; None: the proposer's fixed tree) adapts the tree of a batch
-    of one row to the acceptance."""
+    of one row to the acceptance; ``lookup`` adds prompt lookup's chain of up to that many tokens to the
+    tree of a batch of one row (`infer.lookup`; 0: none)."""
     backend = backend_of(compile)  # a bad value fails before any work
+    if isinstance(lookup, bool) or not isinstance(lookup, int) or not 0 <= lookup <= 64:
+        raise ValueError(f"lookup must be an int in [0, 64] (prompt-lookup tokens; 0: off), got {lookup!r}")
     t_start = time.perf_counter()
     overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
                  "top_k": top_k, "top_p": top_p, "eos_token_id": eos_token_id}  # fmt: skip
@@ -232,6 +239,8 @@ def speculative_generate(
                   typical_eps=typical_eps, typical_delta=typical_delta, generator=generator,
                   streamer=streamer, timing=timing)  # fmt: skip
     check_target(target)  # refuses what tree verification cannot do exactly, even with nothing to generate
+    if lookup and job.batched:
+        raise ValueError("lookup (prompt lookup) drafts for one unpadded row only; pass lookup=0 for a batch")
     rule = _Rule(job.warp, acceptance, typical_eps, typical_delta, generator)
     proposer.compile(backend)
     proposer.decoding((job.gc.temperature or 1.0) if job.sampling else None)
@@ -244,7 +253,7 @@ def speculative_generate(
         proposer.plan(job.input_ids.shape[1] + job.limit)  # sizes a batch's draft cache too
         seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer, compile)
     else:
-        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile, adaptive)
+        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile, adaptive, lookup)
     if streamer is not None:
         streamer.end()
     if timing:
@@ -254,9 +263,10 @@ def speculative_generate(
 
 
 def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str,
-                adaptive: Adaptive | None = None):  # fmt: skip
+                adaptive: Adaptive | None = None, lookup: int = 0):  # fmt: skip
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats);
-    with ``adaptive`` the tree follows the acceptance (`infer.adaptive`)."""
+    with ``adaptive`` the tree follows the acceptance (`infer.adaptive`), with ``lookup`` every tree
+    gains prompt lookup's chain (`infer.lookup`)."""
     ids = job.input_ids
     runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
                         checked=True)  # fmt: skip
@@ -264,46 +274,69 @@ def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock
     if adaptive is not None and proposer.depth > 0:
         verify_s = adaptive.verify_s if adaptive.verify_s is not None else verify_seconds(target)
         adapter = Adapter(adaptive, verify_s, proposer.depth)
-    seq, stats = _loop_one(runner, proposer, job, rule, clock, streamer, adapter)
+    seq, stats = _loop_one(runner, proposer, job, rule, clock, streamer, adapter, lookup)
     proposer.width = None
     if adapter is not None:
         stats.adaptive = adapter.summary()
     return seq, stats
 
 
+def _propose(
+    proposer: Proposer, root: Tensor, cap: int, index: NgramIndex | None, k: int
+) -> tuple[DraftTree, int]:
+    """The heads' tree, with prompt lookup's chain of up to k tokens grafted on when ``index`` finds one
+    (a host lookup: the last step's host sync made the history known) -> (tree, the heads' node count)."""
+    tree = proposer.propose(root, cap)
+    heads_nodes = tree.num_nodes
+    chain = index.continuation(k) if index is not None and k > 0 else []
+    if chain:
+        tree = graft_chain(tree, torch.tensor(chain, dtype=tree.tokens.dtype).to(tree.tokens.device))
+    return tree, heads_nodes
+
+
 def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer,
-              adapter: Adapter | None = None):  # fmt: skip
+              adapter: Adapter | None = None, lookup: int = 0):  # fmt: skip
     ids = job.input_ids
     row = _Row(job, streamer)
+    index = NgramIndex(ids[0].tolist()) if lookup else None
     proposer.plan(ids.shape[1] + job.limit)
     t0 = clock.tick()
     out = clock.verify(runner.prefill, ids)
     root = rule.first(out.logits[:, -1])[0]
     clock.draft(proposer.start, ids, out)
     done = row.emit([int(root)])
+    if index is not None:
+        index.extend(row.new)
     t1 = time.perf_counter()
     depth, proposer.width = (1 << 30, None) if adapter is None else adapter.shape()
     while not done:
         cap = min(depth, job.limit - len(row.new) - 1)
-        tree = clock.draft(proposer.propose, root, cap)
+        tree, heads_nodes = clock.draft(
+            _propose, proposer, root, cap, index, min(lookup, job.limit - len(row.new) - 1)
+        )
         if adapter is not None:
             adapter.drafted()
         out = clock.verify(runner.verify, tree)
         acc = rule.accept(out.logits[0], tree)  # [N+1, V]
-        # the one host sync of the step
+        # the one host sync of the step: length, bonus, path tokens (root first), path nodes
         host = torch.cat(
-            [acc.length.view(1), acc.next_token.view(1), tree.tokens[acc.path.clamp(min=0)]]
+            [acc.length.view(1), acc.next_token.view(1), tree.tokens[acc.path.clamp(min=0)], acc.path]
         ).tolist()
         keep = acc.path[: host[0]]
         runner.accept(keep)
         clock.draft(
             proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux)
         )
-        nodes = tree.num_nodes
-        done = row.step(host, nodes)
+        done = row.step(host, tree.num_nodes)
+        if index is not None:
+            index.extend(row.new[len(index.tokens) - ids.shape[1] :])
+        # the heads' own share of the accepted path: nodes of their tree (those before the chain)
+        width = (len(host) - 2) // 2
+        from_heads = sum(1 for node in host[3 + width : 2 + width + host[0]] if node < heads_nodes)
+        row.stats.lookup_accepted += host[0] - 1 - from_heads
         root = acc.next_token
         if adapter is not None:  # decided from host values only: no sync
-            adapter.observe(host[0], nodes, cap)
+            adapter.observe(from_heads + 1, heads_nodes, cap)
             depth, proposer.width = adapter.shape()
     row.stats.prefill_s, row.stats.decode_s = t1 - t0, time.perf_counter() - t1
     row.stats.new_tokens = len(row.new)

@@ -115,6 +115,9 @@ class InferSettings:
         says. t < 1 sharpens the scores toward that (deeper trees where the draft's top-1 leads);
         sampled decoding scores at the sampling temperature instead. Only the tree's shape changes,
         never what is accepted.
+    lookup: prompt lookup's drafts added to every step's tree as one more branch (`infer.lookup`):
+        up to this many tokens that followed the text's last 3, 2 or 1 tokens where they occurred
+        before, in the prompt or the output. 0: the heads' tree alone.
     """
 
     tree: list[list[int]] | None = field(default=None, metadata={"help": "static tree rank paths"})
@@ -129,12 +132,16 @@ class InferSettings:
         default=0.5,
         metadata={"help": "EAGLE tree scores in greedy decoding: log_softmax(logits / t), t in (0, 10]"},
     )
+    lookup: int = field(
+        default=8, metadata={"help": "prompt-lookup tokens added to every tree (infer.lookup); 0: none"}
+    )
 
     def __post_init__(self) -> None:
         where = "inference settings"
         if self.tree is not None:
             self.tree = check_paths(self.tree, where, TREE_LIMITS["depth"][1], 1 << 22)
         _check_range(where, "default_tree_nodes", self.default_tree_nodes, 1, TREE_LIMITS["paths"][1])
+        _check_range(where, "lookup", self.lookup, 0, TREE_LIMITS["depth"][1])
         check_tree_budget({k: getattr(self, k) for k in BUDGET_KEYS}, where)
         if self.acceptance not in ACCEPTANCE:
             raise ValueError(

@@ -178,8 +178,8 @@ def measure_tau(model, prompts: list[Tensor], configs: dict, max_new_tokens: int
     for name, kw in configs.items():
         lengths = []
         for ids in prompts:
-            out = infer.generate(
-                model, ids, max_new_tokens=max_new_tokens, do_sample=False, adaptive=False, **kw
+            out = infer.generate(  # the heads' tree alone: what the tree model predicts
+                model, ids, max_new_tokens=max_new_tokens, do_sample=False, adaptive=False, lookup=0, **kw
             )
             lengths += out.stats.accepted_lengths
         taus[name] = sum(lengths) / max(len(lengths), 1)

@@ -104,16 +104,20 @@ def accept_exact(probs: Tensor, tree: DraftTree, generator: torch.Generator | No
     probs: [N+1, V] the target's warped distribution p_v at every node (temperature, top-k, top-p
     applied exactly as in plain sampling); [B, N+1, V] with a batch of trees (rows independent).
 
-    At node v, children c_1..c_m (distinct tokens x_j, tried in index order) are tested in turn: with
+    At node v, children c_1..c_m (tokens x_j, tried in index order) are tested in turn: with
     residual r_1 = p_v, accept x_j w.p. r_j(x_j); on rejection r_{j+1} = r_j with x_j zeroed,
     renormalised. Since q is a point mass, r_j(x_j) = p_v(x_j) / (1 - Σ_{i<j} p_v(x_i)): every node's
     acceptance probability is known up front, so all coin flips are drawn at once and the walk
     becomes "the first child whose coin succeeds", a vectorised test with no loop over nodes. If
     every child is rejected (or v is a leaf) the bonus token is sampled from r_{m+1} = p_v with all
     children zeroed. The emitted token at every position is then distributed exactly as p_v.
+    A child whose token an earlier sibling already drafted (a prompt-lookup chain beside the heads'
+    tree, `infer.lookup`) has r_j(x_j) = 0: it is never accepted and takes no mass from later siblings.
     """
     q = _parent_prob(probs, tree)  # [..., N+1] p_parent(x_i)
     q[..., 0] = 0
+    repeated = (tree.sib_before & (tree.tokens[..., :, None] == tree.tokens[..., None, :])).any(-1)
+    q = q.masked_fill(repeated, 0)
     sib = tree.sib_before.to(probs.dtype)  # [..., N+1, N+1]
     before = (sib @ q[..., None]).squeeze(-1)  # mass of earlier siblings
     p_acc = (q / (1 - before).clamp(min=1e-30)).clamp(max=1.0)

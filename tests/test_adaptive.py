@@ -31,9 +31,11 @@ ALPHA = 1e-3
 LONG = 120  # new tokens where the adapter's first windows and probes are a small part of the steps
 
 
-def generate(key, kind: str, i: int, adaptive, n: int | None = None):
+def generate(key, kind: str, i: int, adaptive, n: int | None = None, lookup: int | None = 0):
+    """The heads' own tree (no prompt lookup beside it, so that sizes and steps are the adapter's alone;
+    ``lookup=None``: `infer.generate`'s default)."""
     m = infer.SpecModel(model(*key), heads_for(key, kind))
-    return infer.generate(m, prompt(i), max_new_tokens=n or GEN_LENS[i], adaptive=adaptive)
+    return infer.generate(m, prompt(i), max_new_tokens=n or GEN_LENS[i], adaptive=adaptive, lookup=lookup)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -99,7 +101,7 @@ def test_mixed_drafts_identity_and_eagle(arch):
     fast = Adaptive(verify_s=COSTS.verify_s, draft_s=0.05, every=1, probe=1, max_probe=2)
     for i in range(2):
         ref = reference(key, i, GEN_LENS[i]).tolist()
-        out = generate(key, "trained", i, fast)
+        out = generate(key, "trained", i, fast, lookup=None)  # with prompt lookup's chain (the default)
         assert out.sequences.tolist() == ref
         torch.manual_seed(0)
         eagle = EagleHead.for_target(model(*key)).eval()

@@ -17,6 +17,7 @@ from conftest import tiny_model
 import bench as bench
 import infer.runner
 from bench import device_check, profile, side_by_side
+from infer.settings import DEFAULTS
 
 
 @pytest.fixture(scope="module")
@@ -148,12 +149,13 @@ def test_outputs_schema(setup, tmp_path):
             split = r["time_split_s"]
             assert set(split) == {"draft", "verify", "bookkeeping", "total"}
             assert 0 < split["draft"] < split["total"] and 0 < split["verify"] < split["total"]
-            # the tree adapted by default: one size per verify step, none above the method's tree
-            used = r["tree_sizes_used"]
+            # the tree adapted by default: one size per verify step, none above the method's tree and
+            # prompt lookup's chain (infer.generate's default)
+            used, most = r["tree_sizes_used"], r["tree_size"] + DEFAULTS.lookup
             assert sum(used["histogram"].values()) == sum(r["tau_histogram"].values())
-            assert all(1 <= int(k) <= r["tree_size"] for k in used["histogram"])
+            assert all(1 <= int(k) <= most for k in used["histogram"])
             assert used["steps_without_drafts"] == used["histogram"].get("1", 0)
-            assert 1 <= used["mean"] <= r["tree_size"]
+            assert 1 <= used["mean"] <= most
         else:
             assert r["time_split_s"] is None and r["tree_sizes_used"] is None
         assert len(r["per_prompt"]) == 2
@@ -180,7 +182,8 @@ def test_outputs_schema(setup, tmp_path):
 
 def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
     """--adaptive both: each heads setting gets a second row, "<label> [N tok] fixed", that verifies its
-    full tree at every step (infer.generate(adaptive=False)); the adaptive row is the default's."""
+    full tree at every step (infer.generate(adaptive=False)); the adaptive row is the default's. --lookup
+    0,4: a row each without prompt lookup's chain and with a chain of up to 4 tokens."""
     root, target, prompts = setup
     argv = _common(root, target, prompts, tmp_path) + [
         "--heads",
@@ -188,20 +191,32 @@ def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
         "--total-tokens",
         "8",
     ]
-    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "both"])
+    report, status = bench.run(
+        [*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "both", "--lookup", "0,4"]
+    )
     assert status == 0 and report["ok"] is True
     rows = {r["method"]: r for r in report["results"]}
-    assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] fixed"}
-    fixed = rows["eagle [8 tok] fixed"]["tree_sizes_used"]
+    assert set(rows) == {
+        "target.generate",
+        "eagle [8 tok] no lookup",
+        "eagle [8 tok] +lookup(4)",
+        "eagle [8 tok] fixed no lookup",
+        "eagle [8 tok] fixed +lookup(4)",
+    }
+    fixed = rows["eagle [8 tok] fixed no lookup"]["tree_sizes_used"]
     # the full tree every step; only a prompt's last token (one left to emit) is verified without drafts
     assert (
         set(fixed["histogram"]) <= {"8", "1"}
         and fixed["histogram"].get("1", 0) <= 2 < fixed["histogram"]["8"]
     )
-    assert rows["eagle [8 tok]"]["tree_sizes_used"]["histogram"] != fixed["histogram"]  # the adapted one
+    assert rows["eagle [8 tok] no lookup"]["tree_sizes_used"]["histogram"] != fixed["histogram"]  # adapted
+    chained = rows["eagle [8 tok] fixed +lookup(4)"]["tree_sizes_used"]["histogram"]
+    assert set(chained) <= {str(k) for k in (1, *range(8, 13))} and set(chained) - {"1", "8"}  # 8 + chain
     assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
     with pytest.raises(ValueError, match="--adaptive must be on, off or both"):
         bench.BenchmarkOptions(adaptive="sometimes")
+    with pytest.raises(ValueError, match="--lookup takes"):
+        bench.BenchmarkOptions(lookup="0,x")
 
 
 class _Corrupting(bench.Method):

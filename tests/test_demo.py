@@ -303,7 +303,7 @@ def test_demo_generate_compares_three_ways_and_checks_exactness_in_both_dtypes(t
     assert (
         "| target.generate |" in out
         and "| prompt lookup (3) |" in out
-        and "| heads (medusa, static tree) |" in out
+        and "| heads (medusa, static tree) + lookup (8) |" in out
     )
     assert "exactness (fp32, untimed): greedy output token-identical to target.generate: identical outputs 2/2" in out
     assert "exactness (bf16): " in out

@@ -133,12 +133,16 @@ def children_of(parents: list[int]) -> list[list[int]]:
 def tree_law(probs: list[list[float]], parents: list[int], tokens: list[int]) -> dict[tuple, float]:
     """Exact law of one step's emitted tokens (accepted drafts, then the bonus): sample from the target
     token by token, continuing while the token is a child's draft and stopping after the first that is
-    not. This is what the target alone would emit, cut at a point the tokens themselves decide."""
+    not. This is what the target alone would emit, cut at a point the tokens themselves decide. A token
+    that several children draft continues under the first of them (`accept_exact` never accepts the
+    others)."""
     kids = children_of(parents)
     law: dict[tuple, float] = {}
 
     def walk(v: int, prefix: tuple, mass: float) -> None:
-        by_token = {tokens[c]: c for c in kids[v]}
+        by_token: dict[int, int] = {}
+        for c in kids[v]:
+            by_token.setdefault(tokens[c], c)
         for x in range(len(probs[v])):
             q = mass * probs[v][x]
             if q == 0:
@@ -346,11 +350,20 @@ def prompt_batch(batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def sample_counts(
-    target, heads, tree, length: int, samples: int, seed: int, proposer=None, batch: int = 1, **warp
+    target,
+    heads,
+    tree,
+    length: int,
+    samples: int,
+    seed: int,
+    proposer=None,
+    batch: int = 1,
+    lookup: int = 0,
+    **warp,
 ) -> tuple[Counter, list[int]]:
     """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance,
     ``batch`` rows per call (`prompt_batch`; each row one sample). ``proposer`` overrides the one built
-    from ``heads`` and ``tree``."""
+    from ``heads`` and ``tree``; ``lookup``: prompt lookup's chain beside the tree (`infer.lookup`)."""
     assert samples % batch == 0
     proposer = proposer or infer.SpecModel(target, heads).proposer(tree)
     g = torch.Generator().manual_seed(seed)
@@ -372,6 +385,7 @@ def sample_counts(
             acceptance="exact",
             generator=g,
             attention_mask_2d=mask,
+            lookup=lookup,
             **kw,
         )
         for row in out.sequences[:, ids.shape[1] :].tolist():

@@ -130,6 +130,7 @@ def generate_tau(target, heads, prompts: list, new_tokens: int) -> float:
                 max_new_tokens=new_tokens,
                 do_sample=False,
                 adaptive=False,
+                lookup=0,
             )
             accepted += sum(out.stats.accepted_lengths)
             steps += len(out.stats.accepted_lengths)

@@ -360,7 +360,7 @@ def generate_tau(model, prompts: list, new_tokens: int, **kw) -> float:
         a
         for ids in prompts
         for a in infer.generate(
-            model, ids, max_new_tokens=new_tokens, do_sample=False, adaptive=False, **kw
+            model, ids, max_new_tokens=new_tokens, do_sample=False, adaptive=False, lookup=0, **kw
         ).stats.accepted_lengths
     ]
     return sum(lengths) / len(lengths)

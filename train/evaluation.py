@@ -266,8 +266,13 @@ def measure_tau(run) -> dict[str, Any] | None:
                 new_tokens = min(ecfg.measured_tau_new_tokens, ctx - ids.shape[1])  # a short context caps it
                 if new_tokens < 1:
                     continue
-                out = infer.generate(  # the heads' τ on their tree, not what adaptation makes of it
-                    model, ids.to(p.device), max_new_tokens=new_tokens, do_sample=False, adaptive=False
+                out = infer.generate(  # the heads' τ on their tree, not what adaptation or lookup add
+                    model,
+                    ids.to(p.device),
+                    max_new_tokens=new_tokens,
+                    do_sample=False,
+                    adaptive=False,
+                    lookup=0,
                 )
                 steps = out.stats.accepted_lengths
                 sums += torch.tensor([sum(steps), len(steps), 1.0], dtype=torch.float64, device=acc.device)
