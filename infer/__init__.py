@@ -342,8 +342,8 @@ def generate(
     if adaptive is None:
         adaptive = not options.get("compile")
     if lookup is None:
-        rows = input_ids.shape[0] if input_ids.dim() == 2 else 1
-        padded = attention_mask is not None and not bool(attention_mask.all())
+        rows = input_ids.shape[0] if isinstance(input_ids, Tensor) and input_ids.dim() == 2 else 1
+        padded = isinstance(attention_mask, Tensor) and not bool(attention_mask.all())
         lookup = model.settings.lookup if rows == 1 and not padded and not options.get("compile") else 0
     if isinstance(adaptive, bool):
         adaptive = Adaptive() if adaptive else None

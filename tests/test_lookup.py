@@ -172,6 +172,8 @@ def test_lookup_is_on_by_default_for_one_row_only():
     assert one.stats.lookup_accepted > 0
     off = infer.generate(spec, prompt(0), max_new_tokens=30, do_sample=False, lookup=0)
     assert off.stats.lookup_accepted == 0 and torch.equal(off.sequences, one.sequences)
+    saved = infer.SpecModel(spec.target, spec.heads, settings=infer.InferSettings(lookup=0))  # inference.json
+    assert infer.generate(saved, prompt(0), max_new_tokens=30, do_sample=False).stats.lookup_accepted == 0
     ids = torch.cat([prompt(0), prompt(0)])
     batch = infer.generate(spec, ids, max_new_tokens=30, do_sample=False)  # a batch: no lookup
     assert torch.equal(batch.sequences[:1], one.sequences)
@@ -180,6 +182,8 @@ def test_lookup_is_on_by_default_for_one_row_only():
     for bad in (-1, 65, 2.0, True):
         with pytest.raises(ValueError, match="lookup must be an int"):
             infer.generate(spec, prompt(0), max_new_tokens=4, do_sample=False, lookup=bad)
+        with pytest.raises(ValueError, match="'lookup' must be an int in"):
+            infer.InferSettings(lookup=bad)
 
 
 def test_adapter_prices_the_heads_by_their_own_drafts():
