@@ -106,6 +106,7 @@ def test_medusa1_steps_match_their_medusa_generate():
             do_sample=False,
             tree=medusa_tree(ref),
             adaptive=False,
+            lookup=0,  # their steps: the heads' tree alone
         )
         assert torch.equal(out.sequences[0, len(prompt) :], words)
         assert abs(len(out.stats.accepted_lengths) - int(steps)) <= 1  # their last step may overshoot
@@ -305,6 +306,7 @@ def test_eagle_steps_match_their_eagenerate(name, variant, tmp_path, monkeypatch
             max_new_tokens=n,
             do_sample=False,
             adaptive=False,
+            lookup=0,  # their trees and steps: the heads' tree alone
             depth=depth + 1,
             draft_top_k=top_k,
             total_tokens=total,
