@@ -35,6 +35,7 @@ from bench.stats import compare, summarise
 from heads import load_target, targets
 from heads.config import option, parse_cli, repeatable
 from infer.prompts import read_prompts, render_prompt
+from infer.settings import TREE_LIMITS
 
 DEFAULT_TIE_TOL = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.25, torch.float16: 0.05}
 
@@ -105,10 +106,10 @@ class BenchmarkOptions:
             raise ValueError("--limit and --max-new-tokens must be >= 1")
         if self.adaptive not in ("on", "off", "both"):
             raise ValueError(f"--adaptive must be on, off or both, got {self.adaptive!r}")
-        lookups = parse_list(self.lookup)
-        if not lookups or not all(v == "default" or (v.isdigit() and int(v) <= 64) for v in lookups):
+        lookups, (lo, hi) = parse_list(self.lookup), TREE_LIMITS["lookup"]
+        if not lookups or not all(v == "default" or (v.isdigit() and lo <= int(v) <= hi) for v in lookups):
             raise ValueError(
-                f"--lookup takes 'default' or a comma list of ints in [0, 64], got {self.lookup!r}"
+                f"--lookup takes 'default' or a comma list of ints in [{lo}, {hi}], got {self.lookup!r}"
             )
 
 

@@ -32,9 +32,9 @@ from infer.arguments import Job, context_length, prepare
 from infer.compiled import backend_of
 from infer.cost import verify_seconds
 from infer.draft import BatchProposer, Proposer
-from infer.lookup import NgramIndex, graft_chain
+from infer.lookup import NgramIndex, chain_tensor, graft_chain
 from infer.runner import BatchRunner, TreeRunner
-from infer.settings import DEFAULTS
+from infer.settings import DEFAULTS, TREE_LIMITS
 from infer.support import check_target
 from infer.tree import DraftTree
 from infer.verify import Acceptance, accept_exact, accept_greedy, accept_typical, sample_from
@@ -62,8 +62,8 @@ class GenerationStats:
     ``tree_sizes``: the nodes each verify step verified (root included, prompt lookup's chain too; 1: no
     drafts, a plain decoding step, counted by ``steps_without_drafts``). ``lookup_accepted``: drafts
     accepted from prompt lookup's branch (`infer.lookup`) rather than the heads' tree. ``adaptive``
-    (None with a fixed tree): what `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none": steps}, "final": mode,
-    "chain_depth": d}``."""
+    (None with a fixed tree): what `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none":
+    steps}, "final": mode, "chain_depth": d}``."""
 
     accepted_lengths: list[int] = field(default_factory=list)
     num_target_forwards: int = 0
@@ -230,8 +230,11 @@ def speculative_generate(
     of one row to the acceptance; ``lookup`` adds prompt lookup's chain of up to that many tokens to the
     tree of a batch of one row (`infer.lookup`; 0: none)."""
     backend = backend_of(compile)  # a bad value fails before any work
-    if isinstance(lookup, bool) or not isinstance(lookup, int) or not 0 <= lookup <= 64:
-        raise ValueError(f"lookup must be an int in [0, 64] (prompt-lookup tokens; 0: off), got {lookup!r}")
+    lo, hi = TREE_LIMITS["lookup"]
+    if isinstance(lookup, bool) or not isinstance(lookup, int) or not lo <= lookup <= hi:
+        raise ValueError(
+            f"lookup must be an int in [{lo}, {hi}] (prompt-lookup tokens; 0: off), got {lookup!r}"
+        )
     t_start = time.perf_counter()
     overrides = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
                  "top_k": top_k, "top_p": top_p, "eos_token_id": eos_token_id}  # fmt: skip
@@ -286,11 +289,12 @@ def _propose(
 ) -> tuple[DraftTree, int]:
     """The heads' tree, with prompt lookup's chain of up to k tokens grafted on when ``index`` finds one
     (a host lookup: the last step's host sync made the history known) -> (tree, the heads' node count)."""
+    found = index.continuation(k) if index is not None and k > 0 else []
+    chain = chain_tensor(found, root.device) if found else None
     tree = proposer.propose(root, cap)
     heads_nodes = tree.num_nodes
-    chain = index.continuation(k) if index is not None and k > 0 else []
-    if chain:
-        tree = graft_chain(tree, torch.tensor(chain, dtype=tree.tokens.dtype).to(tree.tokens.device))
+    if chain is not None:
+        tree = graft_chain(tree, chain)
     return tree, heads_nodes
 
 
@@ -331,7 +335,7 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
         if index is not None:
             index.extend(row.new[len(index.tokens) - ids.shape[1] :])
         # the heads' own share of the accepted path: nodes of their tree (those before the chain)
-        width = (len(host) - 2) // 2
+        width = acc.path.shape[0]
         from_heads = sum(1 for node in host[3 + width : 2 + width + host[0]] if node < heads_nodes)
         row.stats.lookup_accepted += host[0] - 1 - from_heads
         root = acc.next_token

@@ -8,7 +8,7 @@ heads' tree as one more branch, so one verify forward checks both and the longes
 
     index = NgramIndex(prompt_ids, max_ngram=3)     # host, once per generation
     chain = index.continuation(k)                   # host list of <= k tokens, after every step
-    tree = graft_chain(tree, torch.tensor(chain))   # device ops, no host sync
+    tree = graft_chain(tree, chain_tensor(chain, device))  # device ops, no host sync
     index.extend(emitted)                           # the step's accepted tokens and the bonus
 
 Verification is unchanged, so the output is too: greedy stays token-identical and exact sampling
@@ -57,6 +57,15 @@ class NgramIndex:
             if end is not None and end < length:  # the suffix itself is no match: nothing follows it
                 return self.tokens[end : end + k]
         return []
+
+
+def chain_tensor(tokens: list[int], device: torch.device) -> Tensor:
+    """[m] long on ``device``. On CUDA the copy goes from pinned memory without blocking: a plain
+    host-to-device copy would wait for every kernel queued before it, a host sync per step."""
+    t = torch.tensor(tokens, dtype=torch.long)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def graft_chain(tree: DraftTree, chain: Tensor) -> DraftTree:

@@ -37,6 +37,7 @@ TREE_LIMITS: dict[str, tuple[int, int]] = {
     "draft_top_k": (1, 1024),
     "total_tokens": (2, 4096),
     "paths": (0, 4096),  # number of nodes of a static tree
+    "lookup": (0, 64),  # prompt-lookup tokens beside the tree (`infer.lookup`)
 }
 BUDGET_KEYS = ("depth", "draft_top_k", "total_tokens")
 ACCEPTANCE = ("exact", "typical")
@@ -141,7 +142,7 @@ class InferSettings:
         if self.tree is not None:
             self.tree = check_paths(self.tree, where, TREE_LIMITS["depth"][1], 1 << 22)
         _check_range(where, "default_tree_nodes", self.default_tree_nodes, 1, TREE_LIMITS["paths"][1])
-        _check_range(where, "lookup", self.lookup, 0, TREE_LIMITS["depth"][1])
+        _check_range(where, "lookup", self.lookup, *TREE_LIMITS["lookup"])
         check_tree_budget({k: getattr(self, k) for k in BUDGET_KEYS}, where)
         if self.acceptance not in ACCEPTANCE:
             raise ValueError(
