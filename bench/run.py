@@ -58,7 +58,9 @@ class BenchmarkOptions:
     limit: int = option(8, help="prompts per set (the first N rows)")
     max_new_tokens: int = option(128, help="new tokens per prompt (see --stop-at-eos)")
     stop_at_eos: bool = option(False, help="stop at EOS (default: fixed-length runs)")
-    dtype: str = option("bf16", help="target dtype: bf16 (default), fp16, fp32 or auto")
+    dtype: str = option(
+        "bf16", help="target dtype: bf16 (default), fast (bf16 where native, else fp32), fp16, fp32 or auto"
+    )
     device: str | None = option(None, help="cuda, cpu, ... (default: cuda if available)")
     modes: str = option("greedy,sample", help="comma list of greedy, sample (T=0.7)")
     prompt_lookup: int = option(3, help="HF prompt_lookup_num_tokens baseline; 0: off")

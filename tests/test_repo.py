@@ -20,17 +20,21 @@ def test_readme_has_exactly_two_setup_commands():
     cmds = readme_commands()
     assert len(cmds) == 2, cmds
     assert all("\n" not in c for c in cmds), "each set-up command is one line a newcomer pastes"
-    demo, tests = cmds
+    first, tests = cmds
     for c in cmds:  # torch first, pinned, from the CPU index: PyPI's Linux torch is the CUDA build
         assert c.index(
             "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
         ) < c.index("pip install -e")
-    # the first command trains the recommended way (self-distilled data) and shows the comparison
+    # the first command runs on the built-in real target the recommended way: prompts the target writes,
+    # its own answers (self-distillation), the recipe's heads, then the comparison on prompts nobody here wrote
+    real = "--target smollm2-135m-instruct"
     assert (
-        demo.index("scripts/regenerate_data.py --target demo")
-        < demo.index("train/train_heads.py --config configs/demo-medusa-regen.yaml")
-        < demo.index("scripts/demo_generate.py --heads out/demo-medusa-regen")
+        first.index(f"scripts/make_prompts.py {real}")
+        < first.index(f"scripts/regenerate_data.py {real}")
+        < first.index("train/train_heads.py --config configs/smollm2-eagle31.yaml")
+        < first.index(f"scripts/benchmark.py {real}")
     )
+    assert "--prompts mt-bench humaneval" in first and "--prompt-lookup 3" in first
     assert "pytest" in tests
 
 
