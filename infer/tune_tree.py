@@ -20,8 +20,8 @@
    record: the profile, the accuracies and the expected τ and tokens/s of the tuned and the default
    tree. `infer.load` reads it, so `infer.generate` uses it by default (explicit arguments still win).
 
-``--compare P`` then runs `infer.generate` with the default and the tuned tree (and ``target.generate``),
-interleaved, on P held-out prompts, and prints measured τ and tokens/s. ``--dry-run`` writes nothing.
+``--compare P`` then times the default and the tuned tree and ``target.generate``, interleaved, on P
+held-out prompts. ``--dry-run`` writes nothing.
 """
 
 from __future__ import annotations
@@ -304,7 +304,10 @@ class _Run:
         n, skip = self.opts.measure_tau, self.opts.max_examples  # past the rows the accuracies scored
         print(f"measuring τ of the candidates on {n} prompts")
         if self.opts.prompts is None and is_run_config(self.data):
-            return held_out_prompts(self.load_batches, self.data, self.tokenizer, n, skip)
+            try:  # a small held-out split: the accuracies may have read all of it
+                return held_out_prompts(self.load_batches, self.data, self.tokenizer, n, skip)
+            except ValueError as e:
+                raise ValueError(f"{e}; give --prompts FILE, or --measure-tau 0") from None
         return load_prompts(measure_src(self.opts.prompts, self.data), self.tokenizer, n, skip=skip)
 
 
@@ -420,9 +423,8 @@ def settings_values(tree: dict) -> dict:
 
 
 def tune_tree(opts: TuneOptions, load_batches: BatchLoader) -> dict:
-    """``scripts/tune_tree.py``: tune, report, optionally compare, and save ``<heads>/inference.json``.
-    Returns the tuned tree dict (``paths`` or the EAGLE-2 budget, and the ``tuning`` record).
-    ``load_batches``: how held-out data is read (`infer.head_accuracy.BatchLoader`)."""
+    """``scripts/tune_tree.py``: tune, report, optionally compare, save ``<heads>/inference.json`` and return
+    the tree dict (``paths`` or the EAGLE-2 budget, and ``tuning``); ``load_batches`` reads held-out rows."""
     run = _prepare(opts, load_batches)
     tree, configs = TUNERS[registry.of(run.model.heads).tree](run)
     target = run.model.target

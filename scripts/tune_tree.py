@@ -16,7 +16,10 @@ from train.held_out import eval_batches
 
 def main(argv: list[str] | None = None) -> dict:
     opts = parse_cli(TuneOptions, argv, prog="tune_tree.py", description=__doc__.split("\n")[0])
-    return tune_tree(opts, eval_batches)  # held-out rows in any training format (`train.data`)
+    try:
+        return tune_tree(opts, eval_batches)  # held-out rows in any training format (`train.data`)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

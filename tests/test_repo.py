@@ -32,6 +32,7 @@ def test_readme_has_exactly_two_setup_commands():
         first.index(f"scripts/make_prompts.py {real}")
         < first.index(f"scripts/regenerate_data.py {real}")
         < first.index("train/train_heads.py --config configs/smollm2-eagle31.yaml")
+        < first.index("scripts/tune_tree.py --heads out/first/heads")  # the tree sized for this machine
         < first.index(f"scripts/benchmark.py {real}")
     )
     assert "--prompts mt-bench humaneval" in first and "--prompt-lookup 3" in first

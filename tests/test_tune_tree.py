@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import os
 
 import pytest
 import torch
@@ -20,6 +22,8 @@ from infer.tree_choice import (
     expected_accept_length,
 )
 from train.held_out import eval_batches
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def random_acc(seed: int, depth: int = 4, ranks: int = 10) -> torch.Tensor:
@@ -595,6 +599,18 @@ def test_cli_without_data_scores_the_runs_held_out_split(tmp_path, one_thread):
     saved = json.loads((heads_dir / "inference.json").read_text())
     assert saved["tuning"]["refined"]["prompts"] == 2
     assert len(validate_paths(saved["tree"])) == saved["tuning"]["num_nodes"]
+
+    # a held-out split that the accuracies read whole leaves no prompts for --measure-tau: the script's one line
+    script = importlib.util.spec_from_file_location(
+        "tune_tree_script", os.path.join(ROOT, "scripts", "tune_tree.py")
+    )
+    cli = importlib.util.module_from_spec(script)
+    script.loader.exec_module(cli)
+    whole = [*base[:-1], "64", "--max-k", "8", "--repeats", "1", "--measure-tau", "2", "--dry-run"]
+    with pytest.raises(
+        SystemExit, match=r"^error: .* after the first 64; give --prompts FILE, or --measure-tau 0$"
+    ):
+        cli.main(whole)
 
     (heads_dir / "train_config.yaml").write_text("data: [not, a, run]\n")
     with pytest.raises(ValueError, match="not a selfspec training run config"):
