@@ -205,10 +205,14 @@ def test_regenerate_reads_the_prompts(target, files, tmp_path):
     out = str(tmp_path / "train.jsonl")
     rcfg = RegenConfig(target="tiny", data=cfg.out, out=out, max_new_tokens=8, batch_size=4)
     report = regenerate(model, tok, read(cfg.out), rcfg, progress=False)
-    assert report.written == 8 and report.skipped == {"no_assistant": 0, "too_long": 0}
+    # a code prompt from the running Python's stdlib may not fit the tiny target's context: it is skipped
+    # and named, never dropped silently (which one depends on the Python version's sources)
+    skipped = report.skipped_rows
+    assert report.skipped["no_assistant"] == 0 and report.skipped["too_long"] == len(skipped) <= 2
+    assert report.written == 8 - len(skipped)
     prompts = read(cfg.out)
     rows = read(out)
-    assert sorted(r["source_index"] for r in rows) == list(range(8))
+    assert sorted(r["source_index"] for r in rows) == sorted(set(range(8)) - set(skipped))
     assert all(r["messages"][0] == prompts[r["source_index"]]["messages"][0] for r in rows)
 
 
