@@ -49,10 +49,8 @@ def costs(profile: dict, depth: int, k: int, chain: int) -> float | None:
     return steps[width - 1] / steps[0] + profile["draft_s_by_depth"][str(depth)] / steps[0]
 
 
-def rows(path: str, speedups: list[float], chain: int) -> list[dict]:
-    with open(path) as f:
-        tuning = json.load(f)["tuning"]
-    profile = tuning["profile"]
+def rows(profile: dict, speedups: list[float], chain: int) -> list[dict]:
+    """One row per tree of `TREES` that ``profile`` (an inference.json's ``tuning.profile``) prices."""
     out = []
     for depth, k in TREES:
         if str(depth) not in profile["draft_s_by_depth"]:
@@ -89,7 +87,7 @@ def main() -> None:
                   "|" + "---|" * (6 + len(args.speedup))]  # fmt: skip
         report[path] = []
         for chain in args.chain:
-            for r in rows(path, args.speedup, chain):
+            for r in rows(tuning["profile"], args.speedup, chain):
                 report[path].append(r)
                 cells = []
                 for s in args.speedup:

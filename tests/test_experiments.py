@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,11 @@ def test_chain_alpha_inverts_the_chain_law(depth, alpha):
     assert speed_ceiling.chain_alpha(depth + 1.01, depth) is None
 
 
+def _profile(rel: str) -> dict:
+    with open(os.path.join(ROOT, rel)) as f:
+        return json.load(f)["tuning"]["profile"]
+
+
 def test_committed_ceiling_is_the_scripts_output(tmp_path):
     """results/speed-ceiling/ceiling.md is what experiments/speed_ceiling.py writes from the committed
     inference.json files its README names."""
@@ -35,7 +41,7 @@ def test_committed_ceiling_is_the_scripts_output(tmp_path):
         committed = f.read()
     assert (tmp_path / "ceiling.md").read_text() == committed
     # the cost of a row is verify(k + 1 + chain) / verify(1) + draft(D) / verify(1), from the profile
-    row = next(r for r in speed_ceiling.rows(os.path.join(ROOT, inputs[1]), [2.5], 8) if r["tokens"] == 16
+    row = next(r for r in speed_ceiling.rows(_profile(inputs[1]), [2.5], 8) if r["tokens"] == 16
                and r["depth"] == 4)  # fmt: skip
     assert row["cost"] == pytest.approx(1.99, abs=0.005) and row["alpha_needed"]["2.5"] == pytest.approx(
         1.0, abs=0.01
