@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
 import os
 import time
@@ -138,11 +139,12 @@ def knob_for(values: list[str], label: str, labels: list[str], flag: str) -> lis
 ADAPTIVE = {"on": (True,), "off": (False,), "both": (True, False)}  # --adaptive: the rows per tree setting
 
 
-def heads_methods(options, target, heads_specs: list[tuple[str, str]]) -> list[Method]:
+def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=None) -> list[Method]:
     """One Method per (heads, tree setting). Medusa: ``--tree`` (sizes, 'default' or a JSON file of
     paths); EAGLE/EAGLE-3: ``--total-tokens`` (sizes or 'default') with ``--depth``/``--draft-top-k``.
     Both flags repeat and take ``LABEL:LIST`` to set one heads' sweep. Which knob applies is the head
-    type's ``tree`` kind in the registry (``static`` / ``dynamic``). ``options``: `BenchmarkOptions`."""
+    type's ``tree`` kind in the registry (``static`` / ``dynamic``). ``options``: `BenchmarkOptions`.
+    ``corpus`` (`infer.CorpusIndex`, ``--corpus``): every configuration twice, without and with it."""
     methods = []
     labels = [label for label, _ in heads_specs]
     for label, directory in heads_specs:
@@ -151,13 +153,21 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]]) -> list[M
 
         def add(size: int, desc: str, kwargs: dict, label=label, kind=kind, model=model) -> None:
             for adapt in ADAPTIVE[options.adaptive]:  # the fixed tree's row: "<label> [N tok] fixed"
-                for look in parse_list(options.lookup):  # "+lookup(k)" / "no lookup" unless the default
+                for look, corp in itertools.product(
+                    parse_list(options.lookup), [False, True] if corpus else [None]
+                ):
                     name = f"{label} [{size} tok]" + ("" if adapt else " fixed")
                     kw = kwargs if adapt else {**kwargs, "adaptive": False}
                     more = "" if adapt else ", fixed"
-                    if look != "default":
+                    if look != "default":  # "+lookup(k)" / "no lookup" unless the default
                         name += f" +lookup({look})" if int(look) else " no lookup"
                         kw, more = {**kw, "lookup": int(look)}, more + f", lookup {look}"
+                    if corp is not None:
+                        name += " +corpus" if corp else ""
+                        kw, more = (
+                            {**kw, "corpus": corpus if corp else False},
+                            more + (", corpus" if corp else ""),
+                        )
                     methods.append(Method(name, "heads", label, kind, size, desc + more, kw, model))
 
         if tree_kind == "static":

@@ -34,7 +34,8 @@ from bench.report import SCHEMA, SPEEDUP_DEFINITION, TAU_DEFINITION, fmt, markdo
 from bench.stats import compare, summarise
 from heads import load_target, targets
 from heads.config import option, parse_cli, repeatable
-from infer.prompts import read_prompts, render_prompt
+from infer.lookup import CorpusIndex
+from infer.prompts import read_corpus, read_prompts, render_prompt
 from infer.settings import TREE_LIMITS
 
 DEFAULT_TIE_TOL = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.25, torch.float16: 0.05}
@@ -82,6 +83,11 @@ class BenchmarkOptions:
         "default",
         help="infer.generate's prompt-lookup branch: 'default' (its default) or a comma list of token "
         "counts, a row each (0: the heads' tree alone)",
+    )
+    corpus: str | None = option(
+        None,
+        help="JSONL of chat or text rows (the heads' training data): each heads row also runs with "
+        "infer.generate's corpus chain (infer.load(corpus=)), '+corpus'",
     )
     verify_cost: str = option("1,2,4,8,16,32,64", help="k values to time a k-token verify; '' off")
     seed: int = option(0, help="sampling seed (per prompt: seed*1000 + index)")
@@ -138,7 +144,9 @@ def parse_pairs(specs: list[str], labels: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def build_methods(options: BenchmarkOptions, target, extra: list[Method] | None) -> list[Method]:
+def build_methods(
+    options: BenchmarkOptions, target, extra: list[Method] | None, tokenizer=None
+) -> list[Method]:
     """The plain baseline first, then prompt lookup (unless 0), the heads' methods and ``extra``."""
     heads_specs = []
     for spec in options.heads:
@@ -150,7 +158,8 @@ def build_methods(options: BenchmarkOptions, target, extra: list[Method] | None)
         methods.append(
             Method(f"prompt-lookup ({n})", "prompt_lookup", options={"prompt_lookup_num_tokens": n})
         )
-    methods += heads_methods(options, target, heads_specs)
+    corpus = CorpusIndex(read_corpus(options.corpus, tokenizer)) if options.corpus else None
+    methods += heads_methods(options, target, heads_specs, corpus)
     methods += extra or []
     dup = [k for k, v in Counter(m.label for m in methods).items() if v > 1]
     if dup:
@@ -331,7 +340,7 @@ def benchmark(
     target.to(device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = _load_prompts(o, sets, tokenizer, device)
-    methods = build_methods(o, target, extra_methods)
+    methods = build_methods(o, target, extra_methods, tokenizer)
     pairs = parse_pairs(o.vs, [m.label for m in methods])
     timing = o.time_split  # infer.generate takes timing= through its **options
     tie_tol = o.tie_tol if o.tie_tol is not None else DEFAULT_TIE_TOL.get(target.dtype, 0.0)

@@ -24,13 +24,16 @@ from infer.adaptive import Adaptive
 from infer.draft import MedusaProposer, Proposer
 from infer.eagle_draft import EagleProposer
 from infer.generate import GenerateOutput, GenerationStats, speculative_generate
+from infer.lookup import CorpusIndex
 from infer.parallel_draft import ParallelProposer
+from infer.prompts import read_corpus
 from infer.settings import InferSettings, check_paths, check_tree_budget, heads_defaults, read_settings
 from infer.support import check_attn_implementation, check_target
 from infer.tree import build_tree, chain, default_tree
 
 __all__ = [
     "Adaptive",
+    "CorpusIndex",
     "GenerateOutput",
     "GenerationStats",
     "InferSettings",
@@ -69,7 +72,8 @@ class SpecModel:
     ``tree`` overrides the settings' static tree. The heads are checked against the target: sizes
     (`heads.base.HeadConfig.check_target`) and, for heads that recorded their target, its architecture
     and weights fingerprint (``check_identity``; a mismatch is an error unless ``allow_other_target``,
-    then a warning)."""
+    then a warning). ``corpus`` (`infer.lookup.CorpusIndex`): text to draft from by lookup beside
+    prompt lookup, e.g. the heads' training data (`load`'s ``corpus=``)."""
 
     target: nn.Module
     heads: nn.Module
@@ -77,6 +81,7 @@ class SpecModel:
     tokenizer: object | None = None
     allow_other_target: bool = False
     settings: InferSettings | None = None
+    corpus: CorpusIndex | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, nn.Module) or not callable(
@@ -95,6 +100,8 @@ class SpecModel:
         self.settings.check_heads(self.heads.config)
         if self.tree is not None:
             self.tree = self._checked_tree(self.tree)
+        if self.corpus is not None and not isinstance(self.corpus, CorpusIndex):
+            raise ValueError(f"corpus must be an infer.CorpusIndex, got {type(self.corpus).__name__}")
 
     def _checked_tree(self, tree) -> list[list[int]]:
         """A static tree given by the caller, bounded like a saved one (`infer.settings.check_paths`)."""
@@ -158,6 +165,7 @@ def load(
     adapter_revision: str | None = None,
     merge: bool = False,
     allow_other_target: bool = False,
+    corpus: str | None = None,
 ) -> SpecModel:
     """Load a frozen target (Hub id, local dir, ``demo`` / ``demo-tiny`` or model) and heads (Hub id,
     local dir or module). ``target`` omitted: the heads' ``base_model_name_or_path`` (the target they were
@@ -174,11 +182,13 @@ def load(
     Heads and target with different adapters (or one with and one without) are a ``ValueError``.
     The adapter is only ever taken from inside the heads directory or from a Hub id (never a path the
     heads' config points to elsewhere: `heads.base.adapter_location`).
-
     Heads that recorded their target (architecture, embedding / lm_head fingerprint) refuse another one
     of the same sizes; ``allow_other_target=True`` loads them with a warning instead.
+
+    ``corpus``: a JSONL of chat or text rows (e.g. the heads' training data), read whole
+    (`infer.prompts.read_corpus`) into the `infer.CorpusIndex` that `generate` drafts from.
     """
-    device = _check_load_args(target, heads, merge, allow_other_target, device)
+    device = _check_load_args(target, heads, merge, allow_other_target, device, corpus)
     settings = None
     if isinstance(heads, str):
         heads_dir = resolve_dir(heads, heads_revision)
@@ -219,11 +229,14 @@ def load(
             settings = read_settings(heads_dir, heads.config)
     p = next(target.parameters())
     heads = heads.to(device=p.device, dtype=p.dtype).eval()
-    return SpecModel(target, heads, tree, tokenizer, allow_other_target, settings)
+    corpus = _corpus_index(corpus, tokenizer)
+    return SpecModel(target, heads, tree, tokenizer, allow_other_target, settings, corpus)
 
 
-def _check_load_args(target, heads, merge, allow_other_target, device) -> torch.device | None:
+def _check_load_args(target, heads, merge, allow_other_target, device, corpus) -> torch.device | None:
     """`load`'s arguments checked before anything is read; returns ``device`` as a torch device."""
+    if corpus is not None and not (isinstance(corpus, str) and os.path.isfile(corpus)):
+        raise ValueError(f"corpus= must be a JSONL file of chat or text rows, got {corpus!r}")
     if heads is None:
         raise ValueError("heads= is required: a Hub id, a directory or heads")
     for name, value, kinds in (("target", target, "a Hub id, a directory or a model"),
@@ -240,6 +253,23 @@ def _check_load_args(target, heads, merge, allow_other_target, device) -> torch.
         return torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda:0')") from e
+
+
+def _corpus_index(path: str | None, tokenizer) -> CorpusIndex | None:
+    if path is None:
+        return None
+    if tokenizer is None:
+        raise ValueError("corpus= needs the target's tokenizer: pass the target as a name or directory")
+    return CorpusIndex(read_corpus(path, tokenizer))
+
+
+def _corpus_for(model: SpecModel, corpus) -> CorpusIndex | None:
+    """`generate`'s ``corpus``: None / True: the model's; False: none; or an `infer.CorpusIndex`."""
+    if corpus is None or corpus is True:
+        return model.corpus
+    if corpus is False or isinstance(corpus, CorpusIndex):
+        return corpus or None
+    raise ValueError(f"corpus must be True, False or an infer.CorpusIndex, got {type(corpus).__name__}")
 
 
 def _saved_settings(heads_dir: str, raw: dict) -> InferSettings | None:
@@ -296,6 +326,7 @@ def generate(
     attention_mask: Tensor | None = None,
     adaptive: bool | Adaptive | None = None,
     lookup: int | None = None,
+    corpus: bool | CorpusIndex | None = None,
     **options,
 ) -> GenerateOutput:
     """Generate with speculative decoding; arguments follow transformers' ``generate``.
@@ -307,22 +338,19 @@ def generate(
     greedy, every row token-identical to ``target.generate`` of its prompt alone. ``do_sample=True``:
     ``acceptance="exact"`` (default) samples exactly from the target's temperature/top-k/top-p
     distribution; ``"typical"`` uses Medusa's typical acceptance (``p(x) > min(eps, delta·exp(-H(p)))``),
-    faster but not lossless. ``streamer`` (batch size 1 only) gets ``put``/``end`` calls like
-    transformers' ``TextStreamer``. Returns ``sequences`` [B, T + new] (the prompt as given, then each
+    faster but not lossless. ``streamer`` (batch size 1) is called like transformers'. Returns ``sequences`` [B, T + new] (the prompt as given, then each
     row's new tokens, padded with the pad id after a row's EOS) and ``stats`` (``stats.rows``: per row).
     ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
     max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
     Unset, the drafting and acceptance arguments come from ``model.settings`` (`infer.settings.InferSettings`:
-    tuned ones saved with the heads, else exact acceptance, ε 0.09, δ 0.3). ``timing=True`` fills ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (None otherwise;
-    on CUDA it synchronises around each section, so leave it off when not measuring).
+    tuned ones saved with the heads, else exact acceptance, ε 0.09, δ 0.3). ``timing=True`` fills
+    ``stats.draft_time_s``/``verify_time_s``/``total_time_s`` (on CUDA it synchronises per section).
     ``compile=True`` (or a dynamo backend name, e.g. ``"aot_eager"``; default False) runs the target's
     verify forward and the heads' draft step (Medusa: heads + lm_head + top-k; EAGLE-1/2/3 and P-EAGLE:
     one draft-layer forward + lm_head + top-k) under ``torch.compile(dynamic=True)``, for batches too;
     the prefill and the bookkeeping between steps stay eager, and the output is the same tokens. The
-    graphs are compiled by the first calls (minutes with inductor on a CPU) and reused by every later
-    generation in the process (other prompt lengths and new-token counts included; a new batch size or
-    tree size can add a graph): `infer.compiled`. Whether it pays depends on the machine:
-    ``results/compile/``.
+    graphs are compiled by the first calls (minutes with inductor on a CPU) and reused by later
+    generations (a new batch size or tree size can add a graph): `infer.compiled`, ``results/compile/``.
 
     ``adaptive`` (default on, for batch size 1): the tree follows the acceptance seen during the
     generation, shrinking to a chain or to plain decoding steps while drafts do not pay for their
@@ -337,7 +365,8 @@ def generate(
     batch): every tree also holds prompt lookup's drafts, the up to ``lookup`` tokens that followed the
     text's last 3, 2 or 1 tokens where they occurred before in the prompt or the output (`infer.lookup`).
     One verify forward checks both and the longest accepted path wins; ``stats.lookup_accepted``
-    counts the drafts it gave. ``lookup=0``: the heads' tree alone.
+    counts the drafts it gave. ``lookup=0``: the heads' tree alone. ``corpus`` (default ``model.corpus``;
+    False: none): a corpus's chain too, what most often followed the last tokens there (`infer.lookup`).
     """
     if adaptive is None:
         adaptive = not options.get("compile")
@@ -360,5 +389,6 @@ def generate(
         attention_mask_2d=attention_mask,
         adaptive=adaptive,
         lookup=lookup,
+        corpus=_corpus_for(model, corpus),
         **options,
     )

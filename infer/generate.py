@@ -32,7 +32,7 @@ from infer.arguments import Job, context_length, prepare
 from infer.compiled import backend_of
 from infer.cost import verify_seconds
 from infer.draft import BatchProposer, Proposer
-from infer.lookup import NgramIndex, chain_tensor, graft_chain
+from infer.lookup import CorpusIndex, Lookup, chain_tensor, graft_chain
 from infer.runner import BatchRunner, TreeRunner
 from infer.settings import DEFAULTS, TREE_LIMITS
 from infer.support import check_target
@@ -61,7 +61,8 @@ class GenerationStats:
 
     ``tree_sizes``: the nodes each verify step verified (root included, prompt lookup's chain too; 1: no
     drafts, a plain decoding step, counted by ``steps_without_drafts``). ``lookup_accepted``: drafts
-    accepted from prompt lookup's branch (`infer.lookup`) rather than the heads' tree. ``adaptive``
+    accepted from the lookup chains (`infer.lookup`) rather than the heads' tree; ``corpus_accepted``:
+    those of them from the corpus's chain. ``adaptive``
     (None with a fixed tree): what `infer.adaptive.Adapter` did, ``{"steps": {"tree"|"chain"|"none":
     steps}, "final": mode, "chain_depth": d}``."""
 
@@ -77,6 +78,7 @@ class GenerationStats:
     tree_sizes: list[int] = field(default_factory=list)
     adaptive: dict | None = None
     lookup_accepted: int = 0
+    corpus_accepted: int = 0
 
     @property
     def steps_without_drafts(self) -> int:
@@ -221,6 +223,7 @@ def speculative_generate(
     compile: bool | str = False,
     adaptive: Adaptive | None = None,
     lookup: int = 0,
+    corpus: CorpusIndex | None = None,
 ) -> GenerateOutput:
     """The decoding loop, for any `Proposer`. See `infer.generate` for the user-facing arguments.
     input_ids [B, T] with ``attention_mask_2d`` [B, T] (0 = padding, left or right) for a batch.
@@ -228,7 +231,7 @@ def speculative_generate(
     ``torch.compile`` (True: inductor, a string: that dynamo backend), batches included; see `infer.generate`.
     ``adaptive`` (`infer.adaptive.Adaptive`; None: the proposer's fixed tree) adapts the tree of a batch
     of one row to the acceptance; ``lookup`` adds prompt lookup's chain of up to that many tokens to the
-    tree of a batch of one row (`infer.lookup`; 0: none)."""
+    tree of a batch of one row (`infer.lookup`; 0: none), and ``corpus``'s chain beside it."""
     backend = backend_of(compile)  # a bad value fails before any work
     lo, hi = TREE_LIMITS["lookup"]
     if isinstance(lookup, bool) or not isinstance(lookup, int) or not lo <= lookup <= hi:
@@ -256,7 +259,9 @@ def speculative_generate(
         proposer.plan(job.input_ids.shape[1] + job.limit)  # sizes a batch's draft cache too
         seq, stats = _decode_batch(target, proposer.batched(), job, rule, clock, streamer, compile)
     else:
-        seq, stats = _decode_one(target, proposer, job, rule, clock, streamer, compile, adaptive, lookup)
+        seq, stats = _decode_one(
+            target, proposer, job, rule, clock, streamer, compile, adaptive, lookup, corpus
+        )
     if streamer is not None:
         streamer.end()
     if timing:
@@ -266,7 +271,7 @@ def speculative_generate(
 
 
 def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str,
-                adaptive: Adaptive | None = None, lookup: int = 0):  # fmt: skip
+                adaptive: Adaptive | None = None, lookup: int = 0, corpus: CorpusIndex | None = None):  # fmt: skip
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats);
     with ``adaptive`` the tree follows the acceptance (`infer.adaptive`), with ``lookup`` every tree
     gains prompt lookup's chain (`infer.lookup`)."""
@@ -277,32 +282,34 @@ def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock
     if adaptive is not None and proposer.depth > 0:
         verify_s = adaptive.verify_s if adaptive.verify_s is not None else verify_seconds(target)
         adapter = Adapter(adaptive, verify_s, proposer.depth)
-    seq, stats = _loop_one(runner, proposer, job, rule, clock, streamer, adapter, lookup)
+    seq, stats = _loop_one(runner, proposer, job, rule, clock, streamer, adapter, lookup, corpus)
     proposer.width = None
     if adapter is not None:
         stats.adaptive = adapter.summary()
     return seq, stats
 
 
-def _propose(
-    proposer: Proposer, root: Tensor, cap: int, index: NgramIndex | None, k: int
-) -> tuple[DraftTree, int]:
-    """The heads' tree, with prompt lookup's chain of up to k tokens grafted on when ``index`` finds one
-    (a host lookup: the last step's host sync made the history known) -> (tree, the heads' node count)."""
-    found = index.continuation(k) if index is not None and k > 0 else []
-    chain = chain_tensor(found, root.device) if found else None
+def _propose(proposer: Proposer, root: Tensor, cap: int, look: Lookup | None, k: int):
+    """The heads' tree, with the lookup chains of up to k tokens grafted on (`infer.lookup.Lookup`: host
+    lookups, the last step's host sync made the history known) -> (tree, the heads' node count, the
+    corpus chain's first node: the node count when it has none)."""
+    own, other = look.chains(k) if look is not None else ([], [])
+    own, other = (chain_tensor(c, root.device) if c else None for c in (own, other))
     tree = proposer.propose(root, cap)
     heads_nodes = tree.num_nodes
-    if chain is not None:
-        tree = graft_chain(tree, chain)
-    return tree, heads_nodes
+    if own is not None:
+        tree = graft_chain(tree, own)
+    corpus_from = tree.num_nodes
+    if other is not None:
+        tree = graft_chain(tree, other)
+    return tree, heads_nodes, corpus_from
 
 
 def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer,
-              adapter: Adapter | None = None, lookup: int = 0):  # fmt: skip
+              adapter: Adapter | None = None, lookup: int = 0, corpus: CorpusIndex | None = None):  # fmt: skip
     ids = job.input_ids
     row = _Row(job, streamer)
-    index = NgramIndex(ids[0].tolist()) if lookup else None
+    index = Lookup(ids[0].tolist(), corpus) if lookup else None
     proposer.plan(ids.shape[1] + job.limit)
     t0 = clock.tick()
     out = clock.verify(runner.prefill, ids)
@@ -315,7 +322,7 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
     depth, proposer.width = (1 << 30, None) if adapter is None else adapter.shape()
     while not done:
         cap = min(depth, job.limit - len(row.new) - 1)
-        tree, heads_nodes = clock.draft(
+        tree, heads_nodes, corpus_from = clock.draft(
             _propose, proposer, root, cap, index, min(lookup, job.limit - len(row.new) - 1)
         )
         if adapter is not None:
@@ -336,8 +343,10 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
             index.extend(row.new[len(index.tokens) - ids.shape[1] :])
         # the heads' own share of the accepted path: nodes of their tree (those before the chain)
         width = acc.path.shape[0]
-        from_heads = sum(1 for node in host[3 + width : 2 + width + host[0]] if node < heads_nodes)
+        path = host[3 + width : 2 + width + host[0]]
+        from_heads = sum(1 for node in path if node < heads_nodes)
         row.stats.lookup_accepted += host[0] - 1 - from_heads
+        row.stats.corpus_accepted += sum(1 for node in path if node >= corpus_from)
         root = acc.next_token
         if adapter is not None:  # decided from host values only: no sync
             adapter.observe(from_heads + 1, heads_nodes, cap)

@@ -11,6 +11,14 @@ heads' tree as one more branch, so one verify forward checks both and the longes
     tree = graft_chain(tree, chain_tensor(chain, device))  # device ops, no host sync
     index.extend(emitted)                           # the step's accepted tokens and the bonus
 
+`Lookup` holds both sources of one generation and gives their chains per step.
+
+`CorpusIndex` drafts the same way from a fixed corpus instead of the running text: the target's own
+answers that the heads trained on (REST, He et al. 2024: retrieval from a datastore). A chat model
+repeats its own phrasing across answers, so the text that followed the last few tokens elsewhere in
+what it wrote is often what it writes next. Its chain is grafted as one more branch beside prompt
+lookup's.
+
 Verification is unchanged, so the output is too: greedy stays token-identical and exact sampling
 stays exact (`infer.verify.accept_exact` treats the chain as deterministic drafts like any other; a
 chain node that repeats an earlier sibling's token gets probability 0 there).
@@ -101,3 +109,116 @@ def graft_chain(tree: DraftTree, chain: Tensor) -> DraftTree:
         parents, depth, max_depth=max(depth_limit, m), leaves_only=False
     )
     return DraftTree(torch.cat([tree.tokens, chain]), parents, depth, ancestors, retrieve, sib_before)
+
+
+class CorpusIndex:
+    """A fixed corpus of token documents, searchable by the last ``max_ngram`` .. ``min_ngram`` tokens of
+    a history; a lookup is two binary searches and a few small tensor ops on the host.
+
+    Every position p of the concatenated documents is keyed by its next ``n_max`` tokens, packed into one
+    int64 (token + 1 in ``bits`` bits each, 0 past a document's end, so no n-gram spans two documents),
+    and the keys are sorted once. The positions where an n-gram s occurs form the range of keys that
+    start with s. continuation(history, k): for the longest suffix of ``history`` (``n_max`` tokens down to
+    ``min_ngram``) found in the corpus, the up to k tokens that most often followed it: at each depth the
+    most frequent next token among the occurrences that agree with the chain so far (REST's majority
+    path over its retrieved continuations), over at most ``max_occurrences`` occurrences, evenly spaced
+    in the sorted range.
+
+    tokens: documents as lists of ids (token ids >= 0). n_max = min(max_ngram, 63 // bits): 3 for a
+    vocabulary under 2^21. Memory: 20 bytes per corpus token.
+    """
+
+    def __init__(
+        self,
+        documents: Iterable[Iterable[int]],
+        max_ngram: int = LOOKUP_NGRAM,
+        min_ngram: int = 1,
+        max_occurrences: int = 64,
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        pieces = [torch.tensor([*doc, -1], dtype=torch.long) for doc in documents]
+        flat = torch.cat(pieces) if pieces else torch.full((1,), -1, dtype=torch.long)
+        if int(flat.min()) < -1:
+            raise ValueError("corpus token ids must be >= 0")
+        self.bits = max(1, (int(flat.max()) + 1).bit_length())
+        self.n_max = min(max_ngram, 63 // self.bits)
+        if self.n_max < min_ngram:
+            raise ValueError(f"token ids up to {int(flat.max())} leave no room for {min_ngram}-grams")
+        self.min_ngram, self.max_occurrences = min_ngram, max_occurrences
+        self.tokens = flat  # [L]: documents, each followed by -1
+        self.num_tokens = int((flat >= 0).sum())
+        length = flat.shape[0]
+        key = torch.zeros(length, dtype=torch.long)
+        live = torch.ones(length, dtype=torch.bool)  # no document end seen yet at offsets 0..i
+        for i in range(self.n_max):
+            shifted = torch.full((length,), -1, dtype=torch.long)
+            shifted[: length - i] = flat[i:]
+            live &= shifted >= 0
+            key = (key << self.bits) | torch.where(live, shifted + 1, 0)
+        self.sorted_keys, self.order = torch.sort(key)
+
+    def _range(self, gram: list[int]) -> tuple[int, int]:
+        """[lo, hi) in the sorted keys of the positions where ``gram`` (1..n_max tokens) starts."""
+        prefix = 0
+        for t in gram:
+            prefix = (prefix << self.bits) | (t + 1)
+        shift = self.bits * (self.n_max - len(gram))
+        bounds = torch.tensor([prefix << shift, (prefix + 1) << shift])
+        lo, hi = torch.searchsorted(self.sorted_keys, bounds).tolist()
+        return lo, hi
+
+    def continuation(self, history: list[int], k: int) -> list[int]:
+        for n in range(min(self.n_max, len(history)), self.min_ngram - 1, -1):
+            gram = history[len(history) - n :]
+            if min(gram) < 0 or max(gram) + 1 >= 1 << self.bits:  # a token the corpus does not hold
+                continue
+            lo, hi = self._range(gram)
+            if hi > lo:
+                return self._majority(lo, hi, n, k)
+        return []
+
+    def _majority(self, lo: int, hi: int, n: int, k: int) -> list[int]:
+        count = min(hi - lo, self.max_occurrences)
+        picks = lo + torch.arange(count) * (hi - lo) // count
+        starts = self.order[picks] + n  # [m]: where each occurrence's continuation starts
+        at = (starts[:, None] + torch.arange(k)).clamp(max=self.tokens.shape[0] - 1)
+        follow = self.tokens[at]  # [m, k]
+        follow = torch.where(torch.cumprod(follow >= 0, 1).bool(), follow, -1)  # cut at the document's end
+        chain: list[int] = []
+        agree = torch.ones(count, dtype=torch.bool)
+        for j in range(k):
+            col = follow[:, j][agree]
+            col = col[col >= 0]
+            if col.numel() == 0:
+                break
+            tok = int(torch.mode(col).values)  # ties: the smallest id
+            chain.append(tok)
+            agree &= follow[:, j] == tok
+        return chain
+
+
+class Lookup:
+    """The chains grafted beside the heads' tree in one generation: prompt lookup's over the running text
+    (`NgramIndex`), then ``corpus``'s (`CorpusIndex`, optional). chains(k) -> (prompt lookup's, the
+    corpus's): up to k tokens each, [] where a source found none or where the chain is a prefix of the
+    other's (it would add only nodes that repeat the other's)."""
+
+    def __init__(self, prompt: Iterable[int], corpus: CorpusIndex | None = None) -> None:
+        self.index, self.corpus = NgramIndex(prompt), corpus
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.index.tokens
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        self.index.extend(tokens)
+
+    def chains(self, k: int) -> tuple[list[int], list[int]]:
+        own = self.index.continuation(k) if k > 0 else []
+        if self.corpus is None or k <= 0:
+            return own, []
+        other = self.corpus.continuation(self.index.tokens[-self.corpus.n_max :], k)
+        if other[: len(own)] == own:
+            return [], other
+        return own, ([] if own[: len(other)] == other else other)

@@ -6,6 +6,8 @@ One loader for every script that reads prompts (the benchmark, tree tuning, prof
     ids = render_prompt(rows[0], tokenizer, f"{path} row 1")     # [1, T]
     prompts = load_prompts(path, tokenizer, n=8, max_tokens=96)  # rows skip..skip+n-1 as [1, T] tensors
 
+    docs = read_corpus(path, tokenizer)                          # every row whole, for `infer.lookup.CorpusIndex`
+
 A ``text`` row is tokenized as is, with the tokenizer's special tokens (e.g. BOS), optionally cut to its
 first ``max_tokens`` tokens. A chat row (``messages`` of role/content turns, or ShareGPT
 ``conversations`` of from/value turns: `heads.conversation.to_messages`) is rendered with the chat template and
@@ -93,3 +95,27 @@ def load_prompts(
         render_prompt(row, tokenizer, f"{path} row {skip + i}", max_tokens, need_answer)
         for i, row in enumerate(rows)
     ]
+
+
+def read_corpus(path: str, tokenizer, max_tokens: int = 1 << 24) -> list[list[int]]:
+    """Every row of a prompts or training-data file, whole, as token ids: a chat row with all its turns
+    through the chat template (the answers included: they are what a corpus lookup copies), a text row
+    with the tokenizer's special tokens. Rows past ``max_tokens`` tokens in all are left out."""
+    docs, total = [], 0
+    for i, row in enumerate(read_prompts(path)):
+        where = f"{path} row {i}"
+        chat = row.get("messages", row.get("conversations"))
+        if chat is not None:
+            if getattr(tokenizer, "chat_template", None) is None:
+                raise ValueError(f"{where}: chat rows need a tokenizer with a chat template")
+            text = tokenizer.apply_chat_template(to_messages(chat, where, need_answer=False), tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+        elif isinstance(row.get("text"), str) and row["text"]:
+            ids = tokenizer(row["text"]).input_ids
+        else:
+            raise ValueError(f"{where}: rows need a non-empty 'text' field or a chat 'messages' list")
+        if total + len(ids) > max_tokens:
+            break
+        docs.append(list(ids))
+        total += len(ids)
+    return docs

@@ -219,6 +219,28 @@ def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
         bench.BenchmarkOptions(lookup="0,x")
 
 
+def test_corpus_adds_a_row_with_the_corpus_chain(setup, tmp_path):
+    """--corpus FILE: each heads row runs without and with infer.generate's corpus chain, both identical
+    to target.generate; a corpus that is not a JSONL of rows fails before any run."""
+    root, target, prompts = setup
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "def add(a, b):\n    return a + b\n" * 3}) + "\n")
+    argv = _common(root, target, prompts, tmp_path) + [
+        "--heads",
+        f"eagle={root / 'eagle'}",
+        "--total-tokens",
+        "8",
+    ]
+    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", "--corpus", str(corpus)])
+    assert status == 0 and report["ok"] is True
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] +corpus"}
+    assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
+    corpus.write_text("not json\n")
+    with pytest.raises(ValueError, match="corpus.jsonl:1: not valid JSON"):
+        bench.run([*argv, "--modes", "greedy", "--corpus", str(corpus)])
+
+
 class _Corrupting(bench.Method):
     """target.generate with the 3rd new token replaced: a greedy method that is wrong."""
 

@@ -359,11 +359,13 @@ def sample_counts(
     proposer=None,
     batch: int = 1,
     lookup: int = 0,
+    corpus=None,
     **warp,
 ) -> tuple[Counter, list[int]]:
     """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance,
     ``batch`` rows per call (`prompt_batch`; each row one sample). ``proposer`` overrides the one built
-    from ``heads`` and ``tree``; ``lookup``: prompt lookup's chain beside the tree (`infer.lookup`)."""
+    from ``heads`` and ``tree``; ``lookup``: prompt lookup's chain beside the tree (`infer.lookup`), and
+    ``corpus``'s (`infer.lookup.CorpusIndex`)."""
     assert samples % batch == 0
     proposer = proposer or infer.SpecModel(target, heads).proposer(tree)
     g = torch.Generator().manual_seed(seed)
@@ -386,6 +388,7 @@ def sample_counts(
             generator=g,
             attention_mask_2d=mask,
             lookup=lookup,
+            corpus=corpus,
             **kw,
         )
         for row in out.sequences[:, ids.shape[1] :].tolist():

@@ -1,10 +1,12 @@
 """Prompt lookup's branch (`infer.lookup`): the n-gram index, the graft into the heads' tree, and that
 `infer.generate` with it stays lossless (greedy identity with lookup drafts accepted several deep, on
 several architectures and head types; the exact law of sampling with a lookup chain beside the tree).
+The same for a corpus's chain (`infer.lookup.CorpusIndex`, `infer.load(corpus=)`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -26,7 +28,8 @@ from test_generate import heads_for, model, prompt
 
 import infer
 from heads import MedusaHeads
-from infer.lookup import NgramIndex, graft_chain
+from infer.lookup import CorpusIndex, Lookup, NgramIndex, graft_chain
+from infer.prompts import read_corpus
 from infer.tree import DraftTree, tree_buffers
 from infer.verify import accept_exact, accept_greedy
 
@@ -51,7 +54,35 @@ def test_index_uses_shorter_suffixes():
         NgramIndex(max_ngram=0)
 
 
+def test_corpus_index_follows_the_majority_of_the_longest_suffix():
+    corpus = CorpusIndex([[5, 6, 7, 1, 2], [6, 7, 1, 3], [9, 6, 7, 1, 2, 4], [8, 7, 0]])
+    assert (corpus.n_max, corpus.bits, corpus.num_tokens) == (3, 4, 18)
+    # "6 7": three occurrences; 1 follows all, then 2 (twice) beats 3, then 4 is all that goes on
+    assert corpus.continuation([0, 6, 7], 4) == [1, 2, 4]
+    assert corpus.continuation([9, 6, 7], 2) == [1, 2]  # the trigram "9 6 7": one occurrence
+    assert corpus.continuation([3, 7], 1) == [1]  # "3 7" is new, "7": 1 three times against 0 once
+    assert corpus.continuation([2, 4], 3) == []  # "2 4" ends a document: nothing follows it
+    assert corpus.continuation([3, 11], 3) == [] and corpus.continuation([], 3) == []  # 11 never occurs
+    assert corpus.continuation([1, 2], 3) == [4]  # the n-grams of one document never run into the next
+    assert CorpusIndex([[70000, 1, 2]]).n_max == 3 and CorpusIndex([[2**21, 1]]).n_max == 2  # 17 / 22 bits
+    with pytest.raises(ValueError, match="min_ngram"):
+        CorpusIndex([[1]], min_ngram=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        CorpusIndex([[1, -3]])
+
+
+def test_lookup_drops_a_chain_that_the_other_one_holds():
+    """(prompt lookup's chain, the corpus's): the history [5, 6, 9, 5, 6] gives prompt lookup [9, 5, 6]."""
+    history = [5, 6, 9, 5, 6]
+    assert Lookup(history, CorpusIndex([[9, 5, 6, 4]])).chains(4) == ([9, 5, 6], [4])
+    assert Lookup(history, CorpusIndex([[1, 5, 6, 9]])).chains(4) == ([9, 5, 6], [])  # [9]: a prefix
+    assert Lookup(history, CorpusIndex([[1, 5, 6, 9]])).chains(1) == ([], [9])  # equal: one is enough
+    assert Lookup([3, 4], CorpusIndex([[3, 4, 8]])).chains(2) == ([], [8])
+    assert Lookup(history).chains(4) == ([9, 5, 6], []) and Lookup(history).chains(0) == ([], [])
+
+
 def _tree(tokens: list[int]) -> DraftTree:
+
     tb = tree_buffers(PATHS)  # 0: root; 1-3 depth 1 (ranks 0-2); 4, 5 under 1; 6 under 2; 7 under 4
     return DraftTree(torch.tensor(tokens), tb.parents, tb.depth, tb.ancestors, tb.retrieve, tb.sib_before)
 
@@ -165,6 +196,49 @@ def test_greedy_identity_with_lookup_drafts_accepted(arch, heads):
     assert out.stats.lookup_accepted >= 6 and max(out.stats.accepted_lengths) == 7
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
+def test_greedy_identity_with_corpus_drafts_accepted(arch):
+    """The corpus holds what the target says after the prompt (and unrelated text): its chain is
+    accepted several tokens deep beside random heads and prompt lookup, and the output is still the
+    target's, with and without the corpus."""
+    key = (arch,)
+    target, ids = model(*key), prompt(1)
+    said = target.generate(ids, max_new_tokens=40, do_sample=False)[0].tolist()
+    noise = torch.randint(3, 200, (3, 30), generator=torch.Generator().manual_seed(3)).tolist()
+    corpus = CorpusIndex([*noise, said[ids.shape[1] - 3 :]])
+    spec = infer.SpecModel(target, heads_for(key, "random"), corpus=corpus)
+    out = infer.generate(spec, ids, max_new_tokens=40, do_sample=False, lookup=6)
+    assert torch.equal(out.sequences[0], torch.tensor(said))
+    assert out.stats.corpus_accepted >= 12 and max(out.stats.accepted_lengths) == 7
+    off = infer.generate(spec, ids, max_new_tokens=40, do_sample=False, lookup=6, corpus=False)
+    assert torch.equal(off.sequences, out.sequences) and off.stats.corpus_accepted == 0
+    with pytest.raises(ValueError, match="corpus must be"):
+        infer.generate(spec, ids, max_new_tokens=4, corpus=[1, 2])
+
+
+def test_load_reads_a_corpus_file(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)} | {"[UNK]": 64}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.chat_template = "{% for m in messages %}w1 {{ m['content'] }} w2 {% endfor %}"
+    rows = [
+        {"text": "w5 w6 w7"},
+        {"messages": [{"role": "user", "content": "w8"}, {"role": "assistant", "content": "w9 w10"}]},
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert read_corpus(str(path), fast) == [[5, 6, 7], [1, 8, 2, 1, 9, 10, 2]]
+    assert read_corpus(str(path), fast, max_tokens=5) == [[5, 6, 7]]
+    (tmp_path / "bad.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(ValueError, match="bad.jsonl row 0: rows need a non-empty 'text'"):
+        read_corpus(str(tmp_path / "bad.jsonl"), fast)
+    with pytest.raises(ValueError, match="corpus= must be a JSONL file"):
+        infer.load("demo-tiny", heads="unused", corpus=str(tmp_path / "missing.jsonl"))
+
+
 def test_lookup_is_on_by_default_for_one_row_only():
     key = ("llama",)
     spec = infer.SpecModel(model(*key), heads_for(key, "random"))
@@ -222,5 +296,21 @@ def test_generate_exact_with_lookup(small_target, monkeypatch):  # noqa: F811
     monkeypatch.setattr(test_distribution, "PROMPT", torch.cat([start, said, start], 1))
     law = target_law(small_target, 5)
     counts, accepted = sample_counts(small_target, good_heads(small_target), [[0]], 5, 3000, seed=5, lookup=3)
+    assert Counter(accepted)[3] + Counter(accepted)[4] >= 300
+    assert chi2_pvalue(counts, law) > ALPHA
+
+
+@pytest.mark.slow
+def test_generate_exact_with_a_corpus(small_target):  # noqa: F811
+    """The law of sampling with a corpus chain of 3 beside one good Medusa draft: the corpus holds the
+    prompt's end and the target's greedy continuation, so its chain proposes what the target is likely to
+    say, and steps of 3 or 4 tokens need its drafts."""
+    start = test_distribution.PROMPT
+    said = small_target.generate(start, max_new_tokens=4, do_sample=False)[0]
+    law = target_law(small_target, 5)
+    corpus = CorpusIndex([said.tolist()])
+    counts, accepted = sample_counts(
+        small_target, good_heads(small_target), [[0]], 5, 3000, seed=6, lookup=3, corpus=corpus
+    )
     assert Counter(accepted)[3] + Counter(accepted)[4] >= 300
     assert chi2_pvalue(counts, law) > ALPHA
