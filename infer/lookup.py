@@ -125,7 +125,7 @@ class CorpusIndex:
     in the sorted range.
 
     tokens: documents as lists of ids (token ids >= 0). n_max = min(max_ngram, 63 // bits): 3 for a
-    vocabulary under 2^21. Memory: 20 bytes per corpus token.
+    vocabulary under 2^21. Memory: 24 bytes per corpus token (tokens, sorted keys, order: int64).
     """
 
     def __init__(
