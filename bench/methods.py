@@ -162,12 +162,10 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=No
                     if look != "default":  # "+lookup(k)" / "no lookup" unless the default
                         name += f" +lookup({look})" if int(look) else " no lookup"
                         kw, more = {**kw, "lookup": int(look)}, more + f", lookup {look}"
-                    if corp is not None:
-                        name += " +corpus" if corp else ""
-                        kw, more = (
-                            {**kw, "corpus": corpus if corp else False},
-                            more + (", corpus" if corp else ""),
-                        )
+                    if corp is not None:  # --corpus: a row without it, then "+corpus"
+                        kw = {**kw, "corpus": corpus if corp else False}
+                        if corp:
+                            name, more = name + " +corpus", more + ", corpus"
                     methods.append(Method(name, "heads", label, kind, size, desc + more, kw, model))
 
         if tree_kind == "static":

@@ -267,8 +267,10 @@ def _corpus_for(model: SpecModel, corpus) -> CorpusIndex | None:
     """`generate`'s ``corpus``: None / True: the model's; False: none; or an `infer.CorpusIndex`."""
     if corpus is None or corpus is True:
         return model.corpus
-    if corpus is False or isinstance(corpus, CorpusIndex):
-        return corpus or None
+    if corpus is False:
+        return None
+    if isinstance(corpus, CorpusIndex):
+        return corpus
     raise ValueError(f"corpus must be True, False or an infer.CorpusIndex, got {type(corpus).__name__}")
 
 
@@ -338,8 +340,8 @@ def generate(
     greedy, every row token-identical to ``target.generate`` of its prompt alone. ``do_sample=True``:
     ``acceptance="exact"`` (default) samples exactly from the target's temperature/top-k/top-p
     distribution; ``"typical"`` uses Medusa's typical acceptance (``p(x) > min(eps, delta·exp(-H(p)))``),
-    faster but not lossless. ``streamer`` (batch size 1) is called like transformers'. Returns ``sequences`` [B, T + new] (the prompt as given, then each
-    row's new tokens, padded with the pad id after a row's EOS) and ``stats`` (``stats.rows``: per row).
+    faster but not lossless. ``streamer``: batch size 1. Returns ``sequences`` [B, T + new] (the prompt
+    as given, then each row's new tokens, pad ids after its EOS) and ``stats`` (``stats.rows``: per row).
     ``tree`` (static trees: Medusa) or ``depth``/``draft_top_k``/``total_tokens`` (EAGLE-2 dynamic trees:
     max draft depth, frontier width and children per node, tree size with the root) shape the drafts.
     Unset, the drafting and acceptance arguments come from ``model.settings`` (`infer.settings.InferSettings`:

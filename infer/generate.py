@@ -271,10 +271,11 @@ def speculative_generate(
 
 
 def _decode_one(target, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer, compile: bool | str,
-                adaptive: Adaptive | None = None, lookup: int = 0, corpus: CorpusIndex | None = None):  # fmt: skip
+                adaptive: Adaptive | None = None, lookup: int = 0,
+                corpus: CorpusIndex | None = None):  # fmt: skip
     """Batch size 1 without padding, on `TreeRunner` (static KV, tree attention) -> (sequences, stats);
     with ``adaptive`` the tree follows the acceptance (`infer.adaptive`), with ``lookup`` every tree
-    gains prompt lookup's chain (`infer.lookup`)."""
+    gains prompt lookup's chain and ``corpus``'s (`infer.lookup`)."""
     ids = job.input_ids
     runner = TreeRunner(target, proposer.aux_layers, max_len=ids.shape[1] + job.limit, compile=compile,
                         checked=True)  # fmt: skip
@@ -306,7 +307,8 @@ def _propose(proposer: Proposer, root: Tensor, cap: int, look: Lookup | None, k:
 
 
 def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clock: _Clock, streamer,
-              adapter: Adapter | None = None, lookup: int = 0, corpus: CorpusIndex | None = None):  # fmt: skip
+              adapter: Adapter | None = None, lookup: int = 0,
+              corpus: CorpusIndex | None = None):  # fmt: skip
     ids = job.input_ids
     row = _Row(job, streamer)
     index = Lookup(ids[0].tolist(), corpus) if lookup else None

@@ -6,7 +6,7 @@ One loader for every script that reads prompts (the benchmark, tree tuning, prof
     ids = render_prompt(rows[0], tokenizer, f"{path} row 1")     # [1, T]
     prompts = load_prompts(path, tokenizer, n=8, max_tokens=96)  # rows skip..skip+n-1 as [1, T] tensors
 
-    docs = read_corpus(path, tokenizer)                          # every row whole, for `infer.lookup.CorpusIndex`
+    docs = read_corpus(path, tokenizer)                          # every row whole: `infer.CorpusIndex`
 
 A ``text`` row is tokenized as is, with the tokenizer's special tokens (e.g. BOS), optionally cut to its
 first ``max_tokens`` tokens. A chat row (``messages`` of role/content turns, or ShareGPT

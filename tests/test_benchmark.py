@@ -236,6 +236,13 @@ def test_corpus_adds_a_row_with_the_corpus_chain(setup, tmp_path):
     rows = {r["method"]: r for r in report["results"]}
     assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] +corpus"}
     assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
+    model = infer.load(target, heads=str(root / "eagle"), corpus=str(corpus))  # the same through infer.load
+    assert model.corpus.num_tokens > 0 and model.corpus.continuation(model.corpus.tokens[:2].tolist(), 4)
+    ids = model.tokenizer("def add(a, b):\n", return_tensors="pt").input_ids
+    out = infer.generate(model, ids, max_new_tokens=8, do_sample=False, lookup=4)
+    assert torch.equal(out.sequences, model.target.generate(ids, max_new_tokens=8, do_sample=False))
+    with pytest.raises(ValueError, match="corpus= needs the target's tokenizer"):
+        infer.load(model.target, heads=str(root / "eagle"), corpus=str(corpus))
     corpus.write_text("not json\n")
     with pytest.raises(ValueError, match="corpus.jsonl:1: not valid JSON"):
         bench.run([*argv, "--modes", "greedy", "--corpus", str(corpus)])
