@@ -16,6 +16,7 @@ import torch
 import infer
 from bench.measure import ForwardRecorder, PeakMemory, sync
 from heads import registry
+from infer.adaptive import Adaptive
 from infer.tree import default_tree, validate_paths
 
 SAMPLE_TEMPERATURE = 0.7
@@ -136,7 +137,11 @@ def knob_for(values: list[str], label: str, labels: list[str], flag: str) -> lis
     return parse_list(own if own is not None else common)
 
 
-ADAPTIVE = {"on": (True,), "off": (False,), "both": (True, False)}  # --adaptive: the rows per tree setting
+# --adaptive: the rows per tree setting ("unpriced": adaptive, every lookup chain at full length)
+ADAPTIVE = {"on": (True,), "off": (False,), "both": (True, False), "chains": (True, "unpriced")}
+
+
+UNPRICED = Adaptive(chains=False)
 
 
 def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=None) -> list[Method]:
@@ -156,9 +161,9 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=No
                 for look, corp in itertools.product(
                     parse_list(options.lookup), [False, True] if corpus else [None]
                 ):
-                    name = f"{label} [{size} tok]" + ("" if adapt else " fixed")
-                    kw = kwargs if adapt else {**kwargs, "adaptive": False}
-                    more = "" if adapt else ", fixed"
+                    name = f"{label} [{size} tok]" + {True: "", False: " fixed"}.get(adapt, " unpriced")
+                    kw = kwargs if adapt is True else {**kwargs, "adaptive": adapt and UNPRICED}
+                    more = {True: "", False: ", fixed"}.get(adapt, ", lookup chains unpriced")
                     if look != "default":  # "+lookup(k)" / "no lookup" unless the default
                         name += f" +lookup({look})" if int(look) else " no lookup"
                         kw, more = {**kw, "lookup": int(look)}, more + f", lookup {look}"

@@ -76,7 +76,8 @@ class BenchmarkOptions:
     depth: int | None = option(None, help="EAGLE-2 max draft depth")
     adaptive: str = option(
         "on",
-        help="infer.generate's adaptive tree: on (its default), off (the fixed tree) or both (a row each)",
+        help="infer.generate's adaptive tree: on (its default), off (the fixed tree), both (a row each) or "
+        "chains (a row with every lookup chain at full length beside the default's priced chains)",
     )
     draft_top_k: int | None = option(None, help="EAGLE-2 frontier width / children per node")
     lookup: str = option(
@@ -112,8 +113,8 @@ class BenchmarkOptions:
             raise ValueError(f"--modes must list greedy and/or sample, got {self.modes!r}")
         if self.limit < 1 or self.max_new_tokens < 1:
             raise ValueError("--limit and --max-new-tokens must be >= 1")
-        if self.adaptive not in ("on", "off", "both"):
-            raise ValueError(f"--adaptive must be on, off or both, got {self.adaptive!r}")
+        if self.adaptive not in ("on", "off", "both", "chains"):
+            raise ValueError(f"--adaptive must be on, off, both or chains, got {self.adaptive!r}")
         lookups, (lo, hi) = parse_list(self.lookup), TREE_LIMITS["lookup"]
         if not lookups or not all(v == "default" or (v.isdigit() and lo <= int(v) <= hi) for v in lookups):
             raise ValueError(

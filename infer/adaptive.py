@@ -18,6 +18,10 @@ at most one draft, and pricing each window alone left decoding plain on 20-25% o
 pay; results/smollm2-eagle31/adaptive-memory/), while a first window of useless drafts, far below the bar,
 still drops them at once.
 
+`ChainPrice` prices the lookup chains grafted beside the tree (`infer.lookup.Lookup`) the same way, one
+position at a time: position j of a source's chain (its depth-j node) stays while the tokens it adds per
+step beat what its verify cost would buy at the rate decoding runs at.
+
 A generation starts with a chain of the tree's depth (its draft costs one node per level, so useless or
 slow drafts cost little before they are found out) and tries the tree after one window if the chain pays.
 Every ``every`` steps the current mode is priced, sooner when even all its window's remaining steps
@@ -40,7 +44,7 @@ from the past only (`infer.verify` is exact for any tree).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 NONE, CHAIN, TREE = 0, 1, 2
@@ -66,6 +70,7 @@ class Adaptive:
     max_probe: int = 256
     margin: float = 0.03
     memory: int = 16
+    chains: bool = True
 
     def __post_init__(self) -> None:
         for name in ("every", "probe", "max_probe", "memory"):
@@ -107,6 +112,7 @@ class Adapter:
         self.since, self.probing_from = 0, None
         self.modes_used = {name: 0 for name in MODES}  # steps per mode, for the stats
         self._t, self._skip = 0.0, True
+        self.chains: ChainPrice | None = None
 
     def c(self, k: int) -> float:
         """Relative cost of verifying k tokens (extrapolated past the measured curve)."""
@@ -246,6 +252,116 @@ class Adapter:
                 self.chain_depth = self._chain(self._alpha(CHAIN))[0]
         self.mode, self.since, self.window, self._skip = mode, 0, [], True
 
+    def price_chains(self, k: int) -> ChainPrice | None:
+        """A `ChainPrice` for lookup chains of up to k tokens on this verify-cost curve, kept for the
+        summary; None with ``chains=False``."""
+        if self.opts.chains:
+            self.chains = ChainPrice(self.c, k, self.opts.memory)
+        return self.chains
+
     def summary(self) -> dict:
-        """What the adapter did: steps per mode and the mode it ended in."""
-        return {"steps": dict(self.modes_used), "final": MODES[self.mode], "chain_depth": self.chain_depth}
+        """What the adapter did: steps per mode, the mode it ended in, the lookup chains' mean lengths."""
+        out = {"steps": dict(self.modes_used), "final": MODES[self.mode], "chain_depth": self.chain_depth}
+        return out if self.chains is None else {**out, **self.chains.summary()}
+
+
+class ChainPrice:
+    """The length of each lookup chain (`infer.lookup.Lookup`: prompt lookup's, then the corpus's) to
+    graft beside the tree, priced from the steps seen so far, per class: the chain's source and the
+    length n of the suffix it matched (3, 2 or 1 tokens). A 3-token match is far more often right than a
+    1-token one (on the target's own answers, prompt lookup's first token is right 79% of the time after
+    a 3-token match and 15% after a 1-token one), so each class earns its own length. Per step:
+    `length` for each chain before the graft, `observe` after the host sync.
+
+    Position j of a chain is its depth-j node. Its value w_j is the tokens it adds per step in its class
+    where the chain has a j-th token: ``gain_j / seen_j``, decayed per step like `Adapter`'s rates, with a
+    prior of weight ``prior`` at w_{j-1} (w_0 = 1, so a class starts at full length). A grafted position
+    gains when the accepted path's depth-j node is that chain's (a position the tree already held never
+    is: `infer.lookup.graft_chain` hangs the chain under it). A position not grafted is still seen, for
+    free, from the E tokens the step emitted (accepted drafts, then the bonus): with v = the length of the
+    chain's common prefix with them, it would have gained exactly when v >= j = E (the chain also holds
+    the bonus, one token past the path), nothing when v < min(j, E), and ρ^(j-E) when v = E < j, where
+    ρ is the class's measured rate of a next token being right after right ones (where a step shows
+    it). So a class cut to length 0 comes back when its chains start matching, without a probe.
+
+    Its cost is δ = the verify-cost curve's mean slope over the ``k`` nodes past the heads' last tree and
+    the other chain; a token that costs δ buys r·δ tokens at the running rate r = Σ emitted / Σ c(nodes)
+    (decayed). The length is the m in 0..k that maximises Σ_{j<=m} (w_j - r·δ).
+
+    cost: c(n), the relative cost of verifying n nodes (`Adapter.c`); k: the chains' full length."""
+
+    def __init__(self, cost: Callable[[int], float], k: int, memory: int = 16, prior: float = 0.25) -> None:
+        self.cost, self.k, self.prior = cost, k, prior
+        self.keep = 1.0 - 1.0 / memory
+        self.seen: dict[tuple[int, int], list[float]] = {}  # [class][j], j = 1..k
+        self.gain: dict[tuple[int, int], list[float]] = {}
+        self.rho: dict[tuple[int, int], list[float]] = {}  # [Σ right, Σ shown] of a next token
+        self.rate = [0.0, 0.0]  # [Σ emitted, Σ c(nodes)], decayed
+        self.heads_nodes = 1
+        self.offered: dict[int, int] = {}  # Σ tokens grafted per source, for the summary
+        self.steps = 0
+
+    def length(self, source: int, order: int, other: int = 0) -> int:
+        """Tokens to graft of a chain of ``source`` that matched an ``order``-token suffix, beside
+        ``other`` tokens of the other chain."""
+        cls = (source, order)
+        if cls not in self.seen:
+            return self.k
+        base = self.heads_nodes + other
+        delta = (self.cost(base + self.k) - self.cost(base)) / self.k
+        bar = delta * (self.rate[0] / self.rate[1] if self.rate[1] else 1.0)
+        seen, gain = self.seen[cls], self.gain[cls]
+        best, best_net, net, w = 0, 0.0, 0.0, 1.0
+        for j in range(1, self.k + 1):
+            w = (gain[j] + self.prior * w) / (seen[j] + self.prior)
+            net += w - bar
+            if net > best_net:
+                best, best_net = j, net
+        return best
+
+    def observe(self, found: Sequence[tuple[int, int, Sequence[int], int]], emitted: Sequence[int],
+                on_path: Sequence[int], nodes: int, heads_nodes: int) -> None:  # fmt: skip
+        """One step. found: (source, order, chain as found (up to k tokens), tokens grafted) per chain
+        looked up; emitted: the step's accepted draft tokens, then the bonus; on_path: for depth 1.. of
+        the accepted path, the source of its node (0: the heads' tree, 1 + s: chain s); nodes: the tree
+        verified; heads_nodes: the heads' tree alone."""
+        keep, e = self.keep, len(emitted)
+        self.rate[0] = self.rate[0] * keep + e
+        self.rate[1] = self.rate[1] * keep + self.cost(nodes)
+        self.steps, self.heads_nodes = self.steps + 1, heads_nodes
+        for stats in (*self.seen.values(), *self.gain.values(), *self.rho.values()):
+            for j in range(len(stats)):
+                stats[j] *= keep
+        for s, order, chain, m in found:
+            self.offered[s] = self.offered.get(s, 0) + m
+            if not chain:
+                continue
+            cls = (s, order)
+            if cls not in self.seen:
+                self.seen[cls], self.gain[cls], self.rho[cls] = (
+                    [0.0] * (self.k + 1),
+                    [0.0] * (self.k + 1),
+                    [0.0, 0.0],
+                )
+            seen, gain, rho = self.seen[cls], self.gain[cls], self.rho[cls]
+            v = 0
+            while v < min(len(chain), e) and chain[v] == emitted[v]:
+                v += 1
+            for j in range(1, len(chain) + 1):
+                if j <= m:
+                    got = j <= len(on_path) and on_path[j - 1] == s + 1
+                elif v < min(j, e):
+                    got = False
+                elif j <= e:
+                    got = j == e
+                else:  # it matched every emitted token: valid on to j with probability ρ^(j-e)
+                    got = (rho[0] / rho[1] if rho[1] else 0.5) ** (j - e)
+                seen[j] += 1.0
+                gain[j] += got
+            rho[0] += max(v - 1, 0)  # next tokens right after right ones, where the step shows them
+            rho[1] += max(min(v + 1, e, len(chain)) - 1, 0)
+
+    def summary(self) -> dict:
+        """The mean tokens each source's chain was grafted with per step (0 where it found none)."""
+        n = max(self.steps, 1)
+        return {"chain_mean": [round(self.offered[s] / n, 2) for s in sorted(self.offered)]}

@@ -311,7 +311,7 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
               corpus: CorpusIndex | None = None):  # fmt: skip
     ids = job.input_ids
     row = _Row(job, streamer)
-    index = Lookup(ids[0].tolist(), corpus) if lookup else None
+    index = Lookup(ids[0].tolist(), corpus, adapter and adapter.price_chains(lookup)) if lookup else None
     proposer.plan(ids.shape[1] + job.limit)
     t0 = clock.tick()
     out = clock.verify(runner.prefill, ids)
@@ -341,14 +341,17 @@ def _loop_one(runner: TreeRunner, proposer: Proposer, job: Job, rule: _Rule, clo
             proposer.advance, tree.tokens[keep], out.hidden[0, keep], tuple(a[0, keep] for a in out.aux)
         )
         done = row.step(host, tree.num_nodes)
+        # the source of each accepted draft's node: the heads' tree 0, prompt lookup's chain 1, corpus 2
+        width = acc.path.shape[0]
+        on_path = [
+            0 if n < heads_nodes else 1 + (n >= corpus_from) for n in host[3 + width : 2 + width + host[0]]
+        ]
+        from_heads = on_path.count(0)
+        row.stats.lookup_accepted += host[0] - 1 - from_heads
+        row.stats.corpus_accepted += on_path.count(2)
         if index is not None:
             index.extend(row.new[len(index.tokens) - ids.shape[1] :])
-        # the heads' own share of the accepted path: nodes of their tree (those before the chain)
-        width = acc.path.shape[0]
-        path = host[3 + width : 2 + width + host[0]]
-        from_heads = sum(1 for node in path if node < heads_nodes)
-        row.stats.lookup_accepted += host[0] - 1 - from_heads
-        row.stats.corpus_accepted += sum(1 for node in path if node >= corpus_from)
+            index.observe(host[3 : 2 + host[0]] + host[1:2], on_path, tree.num_nodes, heads_nodes)
         root = acc.next_token
         if adapter is not None:  # decided from host values only: no sync
             adapter.observe(from_heads + 1, heads_nodes, cap)

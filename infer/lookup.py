@@ -59,12 +59,16 @@ class NgramIndex:
                 self.first_end.setdefault(tuple(self.tokens[end - n :]), end)
 
     def continuation(self, k: int) -> list[int]:
+        return self.find(k)[1]
+
+    def find(self, k: int) -> tuple[int, list[int]]:
+        """(n, continuation(k)): n the length of the suffix matched (0: none)."""
         length = len(self.tokens)
         for n in range(min(self.max_ngram, length), 0, -1):
             end = self.first_end.get(tuple(self.tokens[length - n :]))
             if end is not None and end < length:  # the suffix itself is no match: nothing follows it
-                return self.tokens[end : end + k]
-        return []
+                return n, self.tokens[end : end + k]
+        return 0, []
 
 
 def chain_tensor(tokens: list[int], device: torch.device) -> Tensor:
@@ -169,14 +173,18 @@ class CorpusIndex:
         return lo, hi
 
     def continuation(self, history: list[int], k: int) -> list[int]:
+        return self.find(history, k)[1]
+
+    def find(self, history: list[int], k: int) -> tuple[int, list[int]]:
+        """(n, continuation(history, k)): n the length of the suffix matched (0: none)."""
         for n in range(min(self.n_max, len(history)), self.min_ngram - 1, -1):
             gram = history[len(history) - n :]
             if min(gram) < 0 or max(gram) + 1 >= 1 << self.bits:  # a token the corpus does not hold
                 continue
             lo, hi = self._range(gram)
             if hi > lo:
-                return self._majority(lo, hi, n, k)
-        return []
+                return n, self._majority(lo, hi, n, k)
+        return 0, []
 
     def _majority(self, lo: int, hi: int, n: int, k: int) -> list[int]:
         count = min(hi - lo, self.max_occurrences)
@@ -201,11 +209,13 @@ class CorpusIndex:
 class Lookup:
     """The chains grafted beside the heads' tree in one generation: prompt lookup's over the running text
     (`NgramIndex`), then ``corpus``'s (`CorpusIndex`, optional). chains(k) -> (prompt lookup's, the
-    corpus's): up to k tokens each, [] where a source found none or where the chain is a prefix of the
-    other's (it would add only nodes that repeat the other's)."""
+    corpus's): up to k tokens each, cut to ``price``'s lengths (`infer.adaptive.ChainPrice`, optional), []
+    where a source found none or where the chain is a prefix of the other's (it would add only nodes that
+    repeat the other's). `observe` gives the price each step's outcome."""
 
-    def __init__(self, prompt: Iterable[int], corpus: CorpusIndex | None = None) -> None:
-        self.index, self.corpus = NgramIndex(prompt), corpus
+    def __init__(self, prompt: Iterable[int], corpus: CorpusIndex | None = None, price=None) -> None:
+        self.index, self.corpus, self.price = NgramIndex(prompt), corpus, price
+        self.found: list[tuple[int, int, list[int], int]] = []  # (source, order, chain, grafted)
 
     @property
     def tokens(self) -> list[int]:
@@ -215,10 +225,22 @@ class Lookup:
         self.index.extend(tokens)
 
     def chains(self, k: int) -> tuple[list[int], list[int]]:
-        own = self.index.continuation(k) if k > 0 else []
-        if self.corpus is None or k <= 0:
-            return own, []
-        other = self.corpus.continuation(self.index.tokens[-self.corpus.n_max :], k)
+        found = [self.index.find(k) if k > 0 else (0, [])]
+        if self.corpus is not None:
+            found.append(self.corpus.find(self.index.tokens[-self.corpus.n_max :], k) if k > 0 else (0, []))
+        cut = [len(chain) for _, chain in found]
+        if self.price is not None:  # the other chain's grafted length is a guess: its full one
+            for s, (order, _) in enumerate(found):
+                cut[s] = min(cut[s], self.price.length(s, order, sum(cut) - cut[s]))
+        self.found = [
+            (s, order, chain, m) for s, ((order, chain), m) in enumerate(zip(found, cut, strict=True))
+        ]
+        own, other = found[0][1][: cut[0]], (found[1][1][: cut[1]] if len(found) > 1 else [])
         if other[: len(own)] == own:
             return [], other
         return own, ([] if own[: len(other)] == other else other)
+
+    def observe(self, emitted: list[int], on_path: list[int], nodes: int, heads_nodes: int) -> None:
+        """A verify step's outcome for the price (`infer.adaptive.ChainPrice.observe`)."""
+        if self.price is not None:
+            self.price.observe(self.found, emitted, on_path, nodes, heads_nodes)

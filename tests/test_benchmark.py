@@ -213,10 +213,29 @@ def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
     chained = rows["eagle [8 tok] fixed +lookup(4)"]["tree_sizes_used"]["histogram"]
     assert set(chained) <= {str(k) for k in (1, *range(8, 13))} and set(chained) - {"1", "8"}  # 8 + chain
     assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
-    with pytest.raises(ValueError, match="--adaptive must be on, off or both"):
+    with pytest.raises(ValueError, match="--adaptive must be on, off, both or chains"):
         bench.BenchmarkOptions(adaptive="sometimes")
     with pytest.raises(ValueError, match="--lookup takes"):
         bench.BenchmarkOptions(lookup="0,x")
+
+
+def test_adaptive_chains_adds_a_row_with_unpriced_chains(setup, tmp_path):
+    """--adaptive chains: each heads setting also gets a row, "<label> [N tok] unpriced", whose lookup
+    chains are grafted at their full length every step (infer.Adaptive(chains=False)); the other row is
+    the default's, with the chains priced. Both reproduce target.generate."""
+    root, target, prompts = setup
+    argv = _common(root, target, prompts, tmp_path) + [
+        "--heads",
+        f"eagle={root / 'eagle'}",
+        "--total-tokens",
+        "8",
+    ]
+    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "chains"])
+    assert status == 0 and report["ok"] is True
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] unpriced"}
+    assert "lookup chains unpriced" in rows["eagle [8 tok] unpriced"]["tree"]
+    assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
 
 
 def test_corpus_adds_a_row_with_the_corpus_chain(setup, tmp_path):

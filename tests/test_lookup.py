@@ -28,12 +28,14 @@ from test_generate import heads_for, model, prompt
 
 import infer
 from heads import MedusaHeads
+from infer.adaptive import Adaptive, ChainPrice
 from infer.lookup import CorpusIndex, Lookup, NgramIndex, graft_chain
 from infer.prompts import read_corpus
 from infer.tree import DraftTree, tree_buffers
 from infer.verify import accept_exact, accept_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+FULL_CHAINS = Adaptive(chains=False)  # every lookup chain at its full length: paths reach lookup + 1
 
 
 def test_index_finds_the_longest_suffix_first_occurrence():
@@ -191,9 +193,12 @@ def test_greedy_identity_with_lookup_drafts_accepted(arch, heads):
         [start, target.generate(start, max_new_tokens=24, do_sample=False)[:, start.shape[1] :], start], 1
     )
     spec = infer.SpecModel(target, heads_for(key, heads))
-    out = infer.generate(spec, ids, max_new_tokens=40, do_sample=False, lookup=6)
-    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=40, do_sample=False))
-    assert out.stats.lookup_accepted >= 6 and max(out.stats.accepted_lengths) == 7
+    want = target.generate(ids, max_new_tokens=40, do_sample=False)
+    full = infer.generate(spec, ids, max_new_tokens=40, do_sample=False, lookup=6, adaptive=FULL_CHAINS)
+    assert torch.equal(full.sequences, want)
+    assert full.stats.lookup_accepted >= 6 and max(full.stats.accepted_lengths) == 7
+    priced = infer.generate(spec, ids, max_new_tokens=40, do_sample=False, lookup=6)  # chains priced
+    assert torch.equal(priced.sequences, want) and priced.stats.lookup_accepted >= 6
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt2"])
@@ -214,6 +219,70 @@ def test_greedy_identity_with_corpus_drafts_accepted(arch):
     assert torch.equal(off.sequences, out.sequences) and off.stats.corpus_accepted == 0
     with pytest.raises(ValueError, match="corpus must be"):
         infer.generate(spec, ids, max_new_tokens=4, corpus=[1, 2])
+
+
+def _price_run(price: ChainPrice, chain: list[int], says, steps: int, order: int = 3) -> list[int]:
+    """``steps`` steps of one chain found in full every step after an ``order``-token match, with the
+    heads accepting nothing: the step emits ``says(step)``; the path holds the chain's nodes as far as
+    it was grafted and right. Returns the length the price gave each step."""
+    lengths = []
+    for i in range(steps):
+        m, emitted = price.length(0, order), says(i)
+        right = 0
+        while right < min(m, len(emitted) - 1) and chain[right] == emitted[right]:
+            right += 1
+        price.observe([(0, order, chain, m)], emitted[: right + 1], [1] * right, 1 + m, 1)
+        lengths.append(price.length(0, order))
+    return lengths
+
+
+def test_chain_price_cuts_a_chain_that_does_not_pay_and_takes_it_back_when_it_matches():
+    """On a cost curve where every verified token costs 0.05 plain steps, a chain that is never right
+    goes to length 0 within a few steps; while it is not grafted, the emitted tokens still show when
+    it would have been right, and it comes back at full length. Where verifying costs nothing more per
+    token (flat), a useless chain stays: it costs nothing."""
+    chain = [5, 6, 7, 8, 9, 10, 11, 12]
+    steep = ChainPrice(lambda n: 1.0 + 0.05 * (n - 1), k=8)
+    wrong = _price_run(steep, chain, lambda i: [1, 2], 12)
+    assert wrong[-1] == 0 and wrong.index(0) <= 8
+    back = _price_run(steep, chain, lambda i: [*chain, 99], 12)  # offered 0 tokens, yet seen right
+    assert back[0] >= 1 and back[-1] == 8
+    flat = ChainPrice(lambda n: 1.0, k=8)
+    assert _price_run(flat, chain, lambda i: [1, 2], 12) == [8] * 12
+
+
+def test_chain_price_keeps_the_part_of_a_chain_that_is_right_per_match_length():
+    """A chain right for its first 3 tokens every step, then wrong: on a steep cost curve the price
+    keeps those 3 (each adds a token a step) and drops the rest (they add none). Chains after a shorter
+    match are priced on their own: those never right go to 0 while the 3-token ones keep 3."""
+    chain = [5, 6, 7, 8, 9, 10, 11, 12]
+    steep = ChainPrice(lambda n: 1.0 + 0.05 * (n - 1), k=8)
+    assert _price_run(steep, chain, lambda i: [5, 6, 7, 1, 2], 20)[-1] == 3
+    assert _price_run(steep, chain, lambda i: [1, 2], 20, order=1)[-1] == 0
+    assert steep.length(0, 3) == 3 and steep.length(0, 2) == 8  # a class not seen yet: full length
+
+
+def test_priced_chains_verify_fewer_tokens_with_the_same_output():
+    """A corpus whose chain is junk for this prompt, on a verify-cost curve where width costs: with the
+    chains priced (the default) the corpus's chain is mostly cut and each step verifies fewer tokens
+    than with every chain at full length, and the output is the target's either way."""
+    from test_adaptive import LONG
+
+    key = ("llama",)
+    target, ids = model(*key), prompt(1)
+    vocab = target.config.vocab_size
+    junk = torch.randint(3, vocab, (8, 40), generator=torch.Generator().manual_seed(4)).tolist()
+    spec = infer.SpecModel(target, heads_for(key, "random"), corpus=CorpusIndex(junk))
+    want = target.generate(ids, max_new_tokens=LONG, do_sample=False)
+    costs = {"verify_s": [1.0 + 0.05 * k for k in range(64)], "draft_s": 0.05}
+    runs = {}
+    for chains in (True, False):
+        adaptive = Adaptive(**costs, chains=chains)
+        out = infer.generate(spec, ids, max_new_tokens=LONG, do_sample=False, lookup=8, adaptive=adaptive)
+        assert torch.equal(out.sequences, want)
+        runs[chains] = (sum(out.stats.tree_sizes) / len(out.stats.tree_sizes), out.stats.adaptive)
+    assert runs[True][0] < 0.6 * runs[False][0]
+    assert runs[True][1]["chain_mean"][1] < 1.5 and "chain_mean" not in runs[False][1]  # the corpus's
 
 
 def test_load_reads_a_corpus_file(tmp_path):
