@@ -360,12 +360,13 @@ def sample_counts(
     batch: int = 1,
     lookup: int = 0,
     corpus=None,
+    adaptive=None,
     **warp,
 ) -> tuple[Counter, list[int]]:
     """Draw ``samples`` continuations of PROMPT through `speculative_generate` with exact acceptance,
     ``batch`` rows per call (`prompt_batch`; each row one sample). ``proposer`` overrides the one built
     from ``heads`` and ``tree``; ``lookup``: prompt lookup's chain beside the tree (`infer.lookup`), and
-    ``corpus``'s (`infer.lookup.CorpusIndex`)."""
+    ``corpus``'s (`infer.lookup.CorpusIndex`); ``adaptive``: an `infer.Adaptive` (None: the fixed tree)."""
     assert samples % batch == 0
     proposer = proposer or infer.SpecModel(target, heads).proposer(tree)
     g = torch.Generator().manual_seed(seed)
@@ -389,6 +390,7 @@ def sample_counts(
             attention_mask_2d=mask,
             lookup=lookup,
             corpus=corpus,
+            adaptive=adaptive,
             **kw,
         )
         for row in out.sequences[:, ids.shape[1] :].tolist():

@@ -383,3 +383,31 @@ def test_generate_exact_with_a_corpus(small_target):  # noqa: F811
     )
     assert Counter(accepted)[3] + Counter(accepted)[4] >= 300
     assert chi2_pvalue(counts, law) > ALPHA
+
+
+@pytest.mark.slow
+def test_generate_exact_with_priced_chains(small_target, monkeypatch):  # noqa: F811
+    """The law of sampling while each chain's length follows the sample's own past: a corpus chain and
+    prompt lookup's beside one good Medusa draft, cut to `ChainPrice.length` and, so that cuts are
+    frequent within 5-token samples, further to 1 token when the chains grafted so far in the sample
+    hold an odd number of tokens (which depends on what was accepted)."""
+    start = test_distribution.PROMPT
+    said = small_target.generate(start, max_new_tokens=4, do_sample=False)[0]
+    law = target_law(small_target, 5)
+    lengths = Counter()
+    length = ChainPrice.length
+
+    def cut(self, *args, **kwargs):
+        m = length(self, *args, **kwargs)
+        lengths[m := m if sum(self.offered.values()) % 2 == 0 else min(m, 1)] += 1
+        return m
+
+    monkeypatch.setattr(ChainPrice, "length", cut)
+    pace = Adaptive(verify_s=[1.0 + 0.1 * k for k in range(64)], draft_s=0.0, every=1, probe=1, max_probe=1)
+    counts, accepted = sample_counts(
+        small_target, good_heads(small_target), [[0]], 5, 3000, seed=8, lookup=3, corpus=CorpusIndex([said.tolist()]),
+        adaptive=pace,
+    )  # fmt: skip
+    assert lengths[3] >= 300 and lengths[0] + lengths[1] >= 300, lengths
+    assert Counter(accepted)[3] + Counter(accepted)[4] >= 300
+    assert chi2_pvalue(counts, law) > ALPHA
