@@ -270,8 +270,8 @@ class ChainPrice:
     graft beside the tree, priced from the steps seen so far, per class: the chain's source and the
     length n of the suffix it matched (3, 2 or 1 tokens). A 3-token match is far more often right than a
     1-token one (on the target's own answers, prompt lookup's first token is right 79% of the time after
-    a 3-token match and 15% after a 1-token one), so each class earns its own length. Per step:
-    `length` for each chain before the graft, `observe` after the host sync.
+    a 3-token match and 15% after a 1-token one: results/smollm2-chain-price/), so each class earns its
+    own length. Per step: `length` for each chain before the graft, `observe` after the host sync.
 
     Position j of a chain is its depth-j node. Its value w_j is the tokens it adds per step in its class
     where the chain has a j-th token: ``gain_j / seen_j``, decayed per step like `Adapter`'s rates, with a
