@@ -23,6 +23,7 @@ sys.path.insert(
 
 from transformers import AutoTokenizer  # noqa: E402
 
+from bench.report import write_text  # noqa: E402
 from infer.lookup import NgramIndex  # noqa: E402
 
 
@@ -65,12 +66,10 @@ def main() -> None:
     for n in sorted(stats, reverse=True):
         c, first, run = stats[n]
         lines.append(f"| {n} tokens | {c} | {c / positions:.0%} | {first / c:.1%} | {run / c:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    print("\n".join(lines))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+        write_text(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ sys.path.insert(
 )  # experiments/ sits beside the packages
 
 from bench.methods import Run  # noqa: E402
+from bench.report import write_text  # noqa: E402
 from bench.stats import bootstrap_ratio_ci, total_rate  # noqa: E402
 
 
@@ -60,12 +61,10 @@ def main() -> None:
             )
             ratio = total_rate(ra) / total_rate(rb)
             lines.append(f"| {s} | {m} | {a} | {b} | {ratio:.2f}x | {lo:.2f}-{hi:.2f} | {wins}/{len(ra)} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    print("\n".join(lines))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+        write_text(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -180,10 +180,9 @@ def test_outputs_schema(setup, tmp_path):
     assert "Paired comparisons" in md and "| τ A - τ B |" in md
 
 
-def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
-    """--adaptive both: each heads setting gets a second row, "<label> [N tok] fixed", that verifies its
-    full tree at every step (infer.generate(adaptive=False)); the adaptive row is the default's. --lookup
-    0,4: a row each without prompt lookup's chain and with a chain of up to 4 tokens."""
+def _eagle_rows(setup, tmp_path, *flags: str) -> dict:
+    """A greedy run of the EAGLE heads' 8-token tree with ``flags``, without HF prompt lookup: its rows by
+    method label."""
     root, target, prompts = setup
     argv = _common(root, target, prompts, tmp_path) + [
         "--heads",
@@ -191,11 +190,16 @@ def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
         "--total-tokens",
         "8",
     ]
-    report, status = bench.run(
-        [*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "both", "--lookup", "0,4"]
-    )
+    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", *flags])
     assert status == 0 and report["ok"] is True
-    rows = {r["method"]: r for r in report["results"]}
+    return {r["method"]: r for r in report["results"]}
+
+
+def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
+    """--adaptive both: each heads setting gets a second row, "<label> [N tok] fixed", that verifies its
+    full tree at every step (infer.generate(adaptive=False)); the adaptive row is the default's. --lookup
+    0,4: a row each without prompt lookup's chain and with a chain of up to 4 tokens."""
+    rows = _eagle_rows(setup, tmp_path, "--adaptive", "both", "--lookup", "0,4")
     assert set(rows) == {
         "target.generate",
         "eagle [8 tok] no lookup",
@@ -223,16 +227,7 @@ def test_adaptive_chains_adds_a_row_with_unpriced_chains(setup, tmp_path):
     """--adaptive chains: each heads setting also gets a row, "<label> [N tok] unpriced", whose lookup
     chains are grafted at their full length every step (infer.Adaptive(chains=False)); the other row is
     the default's, with the chains priced. Both reproduce target.generate."""
-    root, target, prompts = setup
-    argv = _common(root, target, prompts, tmp_path) + [
-        "--heads",
-        f"eagle={root / 'eagle'}",
-        "--total-tokens",
-        "8",
-    ]
-    report, status = bench.run([*argv, "--modes", "greedy", "--prompt-lookup", "0", "--adaptive", "chains"])
-    assert status == 0 and report["ok"] is True
-    rows = {r["method"]: r for r in report["results"]}
+    rows = _eagle_rows(setup, tmp_path, "--adaptive", "chains")
     assert set(rows) == {"target.generate", "eagle [8 tok]", "eagle [8 tok] unpriced"}
     assert "lookup chains unpriced" in rows["eagle [8 tok] unpriced"]["tree"]
     assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
