@@ -137,11 +137,17 @@ def knob_for(values: list[str], label: str, labels: list[str], flag: str) -> lis
     return parse_list(own if own is not None else common)
 
 
-# --adaptive: the rows per tree setting ("unpriced": adaptive, every lookup chain at full length)
-ADAPTIVE = {"on": (True,), "off": (False,), "both": (True, False), "chains": (True, "unpriced")}
-
-
-UNPRICED = Adaptive(chains=False)
+# --adaptive: the rows per tree setting, each (label suffix, description suffix, infer.generate's
+# adaptive= for it, None: its default)
+DEFAULT_ROW = ("", "", None)
+FIXED_ROW = (" fixed", ", fixed", False)
+UNPRICED_ROW = (" unpriced", ", lookup chains unpriced", Adaptive(chains=False))
+ADAPTIVE = {
+    "on": (DEFAULT_ROW,),
+    "off": (FIXED_ROW,),
+    "both": (DEFAULT_ROW, FIXED_ROW),
+    "chains": (DEFAULT_ROW, UNPRICED_ROW),
+}
 
 
 def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=None) -> list[Method]:
@@ -157,13 +163,12 @@ def heads_methods(options, target, heads_specs: list[tuple[str, str]], corpus=No
         kind, tree_kind = model.heads.config.head_type, registry.of(model.heads).tree
 
         def add(size: int, desc: str, kwargs: dict, label=label, kind=kind, model=model) -> None:
-            for adapt in ADAPTIVE[options.adaptive]:  # the fixed tree's row: "<label> [N tok] fixed"
+            for suffix, tail, adapt in ADAPTIVE[options.adaptive]:  # e.g. "<label> [N tok] fixed"
                 for look, corp in itertools.product(
                     parse_list(options.lookup), [False, True] if corpus else [None]
                 ):
-                    name = f"{label} [{size} tok]" + {True: "", False: " fixed"}.get(adapt, " unpriced")
-                    kw = kwargs if adapt is True else {**kwargs, "adaptive": adapt and UNPRICED}
-                    more = {True: "", False: ", fixed"}.get(adapt, ", lookup chains unpriced")
+                    name, more = f"{label} [{size} tok]{suffix}", tail
+                    kw = kwargs if adapt is None else {**kwargs, "adaptive": adapt}
                     if look != "default":  # "+lookup(k)" / "no lookup" unless the default
                         name += f" +lookup({look})" if int(look) else " no lookup"
                         kw, more = {**kw, "lookup": int(look)}, more + f", lookup {look}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from bench.methods import SAMPLE_TEMPERATURE
 from heads.io import atomic_write
 
@@ -182,7 +184,9 @@ def plot(report: dict, path: str) -> None:
 
 
 def write_text(path: str, text: str) -> None:
-    """``text`` to ``path`` in UTF-8 (the tables hold τ), atomically (`heads.io.atomic_write`)."""
+    """``text`` to ``path`` in UTF-8 (the tables hold τ), atomically (`heads.io.atomic_write`), its folder
+    made if missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:

@@ -66,10 +66,10 @@ def main() -> None:
     for n in sorted(stats, reverse=True):
         c, first, run = stats[n]
         lines.append(f"| {n} tokens | {c} | {c / positions:.0%} | {first / c:.1%} | {run / c:.2f} |")
-    print("\n".join(lines))
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        write_text(args.out, "\n".join(lines) + "\n")
+        write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -61,10 +61,10 @@ def main() -> None:
             )
             ratio = total_rate(ra) / total_rate(rb)
             lines.append(f"| {s} | {m} | {a} | {b} | {ratio:.2f}x | {lo:.2f}-{hi:.2f} | {wins}/{len(ra)} |")
-    print("\n".join(lines))
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        write_text(args.out, "\n".join(lines) + "\n")
+        write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -293,9 +293,8 @@ class ChainPrice:
     def __init__(self, cost: Callable[[int], float], k: int, memory: int = 16, prior: float = 0.25) -> None:
         self.cost, self.k, self.prior = cost, k, prior
         self.keep = 1.0 - 1.0 / memory
-        self.seen: dict[tuple[int, int], list[float]] = {}  # [class][j], j = 1..k
-        self.gain: dict[tuple[int, int], list[float]] = {}
-        self.rho: dict[tuple[int, int], list[float]] = {}  # [Σ right, Σ shown] of a next token
+        # per class (source, order): seen_j and gain_j for j = 1..k, and ρ's [Σ right, Σ shown], decayed
+        self.classes: dict[tuple[int, int], tuple[list[float], list[float], list[float]]] = {}
         self.rate = [0.0, 0.0]  # [Σ emitted, Σ c(nodes)], decayed
         self.heads_nodes = 1
         self.offered: dict[int, int] = {}  # Σ tokens grafted per source, for the summary
@@ -304,13 +303,12 @@ class ChainPrice:
     def length(self, source: int, order: int, other: int = 0) -> int:
         """Tokens to graft of a chain of ``source`` that matched an ``order``-token suffix, beside
         ``other`` tokens of the other chain."""
-        cls = (source, order)
-        if cls not in self.seen:
+        if (source, order) not in self.classes:
             return self.k
         base = self.heads_nodes + other
         delta = (self.cost(base + self.k) - self.cost(base)) / self.k
         bar = delta * (self.rate[0] / self.rate[1] if self.rate[1] else 1.0)
-        seen, gain = self.seen[cls], self.gain[cls]
+        seen, gain, _ = self.classes[source, order]
         best, best_net, net, w = 0, 0.0, 0.0, 1.0
         for j in range(1, self.k + 1):
             w = (gain[j] + self.prior * w) / (seen[j] + self.prior)
@@ -329,21 +327,15 @@ class ChainPrice:
         self.rate[0] = self.rate[0] * keep + e
         self.rate[1] = self.rate[1] * keep + self.cost(nodes)
         self.steps, self.heads_nodes = self.steps + 1, heads_nodes
-        for stats in (*self.seen.values(), *self.gain.values(), *self.rho.values()):
-            for j in range(len(stats)):
-                stats[j] *= keep
+        for stats in self.classes.values():
+            for column in stats:
+                column[:] = [x * keep for x in column]
         for s, order, chain, m in found:
             self.offered[s] = self.offered.get(s, 0) + m
             if not chain:
                 continue
-            cls = (s, order)
-            if cls not in self.seen:
-                self.seen[cls], self.gain[cls], self.rho[cls] = (
-                    [0.0] * (self.k + 1),
-                    [0.0] * (self.k + 1),
-                    [0.0, 0.0],
-                )
-            seen, gain, rho = self.seen[cls], self.gain[cls], self.rho[cls]
+            fresh = ([0.0] * (self.k + 1), [0.0] * (self.k + 1), [0.0, 0.0])
+            seen, gain, rho = self.classes.setdefault((s, order), fresh)
             v = 0
             while v < min(len(chain), e) and chain[v] == emitted[v]:
                 v += 1

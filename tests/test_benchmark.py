@@ -214,6 +214,8 @@ def test_adaptive_both_adds_the_fixed_tree(setup, tmp_path):
         and fixed["histogram"].get("1", 0) <= 2 < fixed["histogram"]["8"]
     )
     assert rows["eagle [8 tok] no lookup"]["tree_sizes_used"]["histogram"] != fixed["histogram"]  # adapted
+    described = rows["eagle [8 tok] fixed +lookup(4)"]["tree"]  # each row names only its own settings
+    assert ", fixed, lookup 4" in described and "lookup 0" not in described
     chained = rows["eagle [8 tok] fixed +lookup(4)"]["tree_sizes_used"]["histogram"]
     assert set(chained) <= {str(k) for k in (1, *range(8, 13))} and set(chained) - {"1", "8"}  # 8 + chain
     assert all(r["identical"] == 2 for r in rows.values() if r["kind"] == "heads")
