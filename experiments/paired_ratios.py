@@ -1,7 +1,7 @@
 """Is one row of a finished benchmark run faster than another beyond prompt-to-prompt variation? Reads a
 `scripts/benchmark.py` results.json and, for each pair of method labels, in every prompt set and mode
 where both ran, prints the ratio of their total tokens/s with the benchmark's paired bootstrap interval
-over prompts (`bench.stats.bootstrap_ratio_ci`, the one ``--vs`` reports) and on how many prompts A was
+over prompts (`bench.stats.compare`, what ``--vs`` reports) and on how many prompts A was
 faster. The rows ran interleaved on the same prompts, so the pairs stay paired.
 
     python experiments/paired_ratios.py out/bench/results.json \\
@@ -22,7 +22,7 @@ sys.path.insert(
 
 from bench.methods import Run  # noqa: E402
 from bench.report import write_text  # noqa: E402
-from bench.stats import bootstrap_ratio_ci, total_rate  # noqa: E402
+from bench.stats import compare  # noqa: E402
 
 
 def runs(row: dict) -> list[Run]:
@@ -54,13 +54,11 @@ def main() -> None:
         if not cells:
             raise SystemExit(f"{pair!r}: no prompt set and mode where both {a!r} and {b!r} ran")
         for s, m in cells:
-            ra, rb = runs(rows[s, m, a]), runs(rows[s, m, b])
-            lo, hi = bootstrap_ratio_ci(ra, rb)
-            wins = sum(
-                x.new_tokens / x.seconds > y.new_tokens / y.seconds for x, y in zip(ra, rb, strict=True)
+            c = compare(rows[s, m, a], rows[s, m, b], runs(rows[s, m, a]), runs(rows[s, m, b]))
+            (lo, hi), n = c["ci95"], c["n_prompts"]
+            lines.append(
+                f"| {s} | {m} | {a} | {b} | {c['ratio']:.2f}x | {lo:.2f}-{hi:.2f} | {c['a_faster_on']}/{n} |"
             )
-            ratio = total_rate(ra) / total_rate(rb)
-            lines.append(f"| {s} | {m} | {a} | {b} | {ratio:.2f}x | {lo:.2f}-{hi:.2f} | {wins}/{len(ra)} |")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:
